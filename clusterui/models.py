@@ -1,0 +1,93 @@
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.urls import reverse
+
+
+class Cluster(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    slug = models.SlugField(max_length=50, unique=True)
+    region = models.CharField(max_length=64, blank=True)
+    gpu_type = models.CharField("GPU type", max_length=64, blank=True)
+    gpus_per_node = models.PositiveSmallIntegerField("GPUs per node", default=8)
+    driver_version = models.CharField(max_length=32, blank=True)
+    networking = models.CharField(max_length=128, blank=True)
+    os_image = models.CharField("OS image", max_length=128, blank=True)
+    billing_rate_per_gpu_hour = models.DecimalField(
+        "billing rate (USD per GPU-hour)",
+        max_digits=8,
+        decimal_places=4,
+        default=0,
+        validators=[MinValueValidator(0)],
+    )
+    acceptance_tests_enabled = models.BooleanField(
+        "run acceptance tests on new and reprovisioned nodes", default=False
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    # Fields shown as "the configuration" and recorded in the audit trail on change.
+    CONFIGURATION_FIELDS = (
+        "name",
+        "region",
+        "gpu_type",
+        "gpus_per_node",
+        "driver_version",
+        "networking",
+        "os_image",
+        "billing_rate_per_gpu_hour",
+        "acceptance_tests_enabled",
+    )
+
+    class Meta:
+        ordering = ["name"]
+        permissions = [
+            ("operate_cluster", "Can act on nodes, health checks and repairs"),
+            ("administer_cluster", "Can change cluster settings"),
+        ]
+
+    def __str__(self):
+        return self.name
+
+    def get_absolute_url(self):
+        return reverse("clusterui:overview", args=[self.slug])
+
+
+class AuditEntry(models.Model):
+    """Append-only record of a change: who, what, on which object, before and after."""
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_name = models.CharField(max_length=150)
+    action = models.CharField(max_length=64, db_index=True)
+    object_type = models.CharField(max_length=64)
+    object_id = models.CharField(max_length=64)
+    object_repr = models.CharField(max_length=200)
+    changes = models.JSONField(default=dict, blank=True)
+    source_ip = models.GenericIPAddressField(null=True, blank=True)
+    cluster = models.ForeignKey(
+        Cluster, null=True, blank=True, on_delete=models.SET_NULL, related_name="audit_entries"
+    )
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        verbose_name_plural = "audit entries"
+
+    def __str__(self):
+        return f"{self.at:%Y-%m-%d %H:%M} {self.actor_name} {self.action} {self.object_repr}"
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None:
+            raise ValueError("audit entries are append-only")
+        super().save(*args, **kwargs)
+
+    save.alters_data = True
+
+    def delete(self, *args, **kwargs):
+        raise ValueError("audit entries are append-only")
+
+    delete.alters_data = True

@@ -1,0 +1,57 @@
+"""Read-side of the overview page: counts, usage and the timeline, in a fixed number of queries."""
+
+from datetime import timedelta
+
+from django.core.paginator import Paginator
+from django.db.models import Count
+from django.utils import timezone
+
+from nodes.choices import DISPLAY_ORDER, STATE_COLOURS
+from nodes.models import ClusterRollup, Node, NodeTransition
+
+TIMELINE_PAGE_SIZE = 25
+USAGE_WINDOW = timedelta(hours=1)
+# A rollup older than this is not "now": the overview says telemetry is stale.
+USAGE_FRESH_FOR = timedelta(minutes=5)
+
+
+def bits_per_s_in_gbps(bytes_per_s):
+    return round(bytes_per_s * 8 / 1e9, 2)
+
+
+def state_counts(cluster):
+    rows = Node.objects.filter(cluster=cluster).values("state").annotate(n=Count("id"))
+    by_state = {row["state"]: row["n"] for row in rows}
+    return [
+        {"state": state, "label": state.label, "count": by_state.get(state, 0),
+         "colour": STATE_COLOURS[state]}
+        for state in DISPLAY_ORDER
+    ]
+
+
+def usage(cluster, now=None):
+    now = now or timezone.now()
+    rollups = list(
+        ClusterRollup.objects.filter(cluster=cluster, minute__gte=now - USAGE_WINDOW)
+        .order_by("minute")
+        .values("minute", "gpus_reporting", "gpu_util_pct", "gpu_mem_used_pct", "net_bps")
+    )
+    latest = rollups[-1] if rollups and now - rollups[-1]["minute"] <= USAGE_FRESH_FOR else None
+    if latest is not None:
+        latest = {**latest, "net_gbps": bits_per_s_in_gbps(latest["net_bps"])}
+    series = {
+        "minute": [r["minute"].isoformat() for r in rollups],
+        "gpu_util_pct": [round(r["gpu_util_pct"], 1) for r in rollups],
+        "gpu_mem_used_pct": [round(r["gpu_mem_used_pct"], 1) for r in rollups],
+        "net_gbps": [bits_per_s_in_gbps(r["net_bps"]) for r in rollups],
+    }
+    return {"latest": latest, "series": series}
+
+
+def timeline_page(cluster, *, node_name="", state="", page=1):
+    transitions = NodeTransition.objects.filter(cluster=cluster).select_related("node")
+    if node_name:
+        transitions = transitions.filter(node__name__icontains=node_name)
+    if state:
+        transitions = transitions.filter(to_state=state)
+    return Paginator(transitions.order_by("-at", "-id"), TIMELINE_PAGE_SIZE).get_page(page)

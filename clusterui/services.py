@@ -1,0 +1,65 @@
+"""Writes that matter for clusters, and the audit trail every change goes through."""
+
+from django.db import transaction
+from django.forms.models import model_to_dict
+
+from .models import AuditEntry, Cluster
+
+
+def actor_name(actor):
+    return actor.get_username() if actor is not None else "system"
+
+
+def client_ip(request):
+    if request is None:
+        return None
+    return request.META.get("REMOTE_ADDR") or None
+
+
+def record_audit(actor, action, obj, *, changes=None, cluster=None, request=None):
+    return AuditEntry.objects.create(
+        actor=actor,
+        actor_name=actor_name(actor),
+        action=action,
+        object_type=obj._meta.label_lower,
+        object_id=str(obj.pk),
+        object_repr=str(obj)[:200],
+        changes=changes or {},
+        source_ip=client_ip(request),
+        cluster=cluster,
+    )
+
+
+def _configuration(cluster):
+    values = model_to_dict(cluster, fields=Cluster.CONFIGURATION_FIELDS)
+    return {k: str(v) if not isinstance(v, (bool, int, str)) else v for k, v in values.items()}
+
+
+@transaction.atomic
+def do_create_cluster(form, *, actor, request=None):
+    cluster = form.save(commit=False)
+    cluster.created_by = actor
+    cluster.save()
+    record_audit(
+        actor,
+        "cluster.create",
+        cluster,
+        changes={"after": _configuration(cluster)},
+        cluster=cluster,
+        request=request,
+    )
+    return cluster
+
+
+@transaction.atomic
+def do_update_cluster(form, *, actor, request=None):
+    """Save an edited configuration; the audit entry holds each changed field before/after."""
+    before = _configuration(Cluster.objects.select_for_update().get(pk=form.instance.pk))
+    cluster = form.save()
+    after = _configuration(cluster)
+    changed = {k: {"before": before[k], "after": after[k]} for k in after if before[k] != after[k]}
+    if changed:
+        record_audit(
+            actor, "cluster.update", cluster, changes=changed, cluster=cluster, request=request
+        )
+    return cluster, changed

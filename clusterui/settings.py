@@ -1,0 +1,258 @@
+"""clusterui settings: one file, driven by the environment.
+
+CLUSTERUI_MODE picks the mode:
+- embedded (default): SQLite, in-memory channel layer, a Celery broker on a SQLite file.
+  Nothing to install; for the demo and a laptop.
+- production: PostgreSQL (DATABASE_URL), Redis (REDIS_URL) for the channel layer, the
+  Celery broker, the cache and the live store. Every required variable must be set.
+
+.env.example lists every variable.
+"""
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from csp.constants import NONCE, NONE, SELF
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def envstr(name, default=None):
+    value = os.environ.get(name, "")
+    return value if value != "" else default
+
+
+def envbool(name, default):
+    value = envstr(name)
+    if value is None:
+        return default
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ImproperlyConfigured(f"{name} must be true or false, got {value!r}")
+
+
+def envint(name, default):
+    value = envstr(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {value!r}") from None
+
+
+def envsecret(name, default=None):
+    """A secret from NAME, or from the file that NAME_FILE names (Docker/K8s secrets)."""
+    path = envstr(f"{name}_FILE")
+    if path:
+        try:
+            return Path(path).read_text().strip()
+        except OSError as exc:
+            raise ImproperlyConfigured(f"{name}_FILE: cannot read {path}: {exc}") from None
+    return envstr(name, default)
+
+
+def required(name, value):
+    if value in (None, ""):
+        raise ImproperlyConfigured(
+            f"{name} is required when CLUSTERUI_MODE=production (see .env.example)"
+        )
+    return value
+
+
+MODE = envstr("CLUSTERUI_MODE", "embedded")
+if MODE not in ("embedded", "production"):
+    raise ImproperlyConfigured(f"CLUSTERUI_MODE must be embedded or production, got {MODE!r}")
+EMBEDDED = MODE == "embedded"
+DATA_DIR = Path(envstr("CLUSTERUI_DATA_DIR", str(BASE_DIR / "var")))
+
+DEBUG = envbool("DEBUG", False)
+
+if EMBEDDED:
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    SECRET_KEY = envsecret("SECRET_KEY", "embedded-mode-only-not-a-secret-" + "x" * 32)
+    ALLOWED_HOSTS = envstr("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": DATA_DIR / "clusterui.sqlite3",
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+        }
+    }
+    REDIS_URL = None
+else:
+    SECRET_KEY = required("SECRET_KEY", envsecret("SECRET_KEY"))
+    if len(SECRET_KEY) < 50:
+        raise ImproperlyConfigured("SECRET_KEY must be at least 50 characters long")
+    ALLOWED_HOSTS = required("ALLOWED_HOSTS", envstr("ALLOWED_HOSTS")).split(",")
+    database_url = required("DATABASE_URL", envsecret("DATABASE_URL"))
+    try:
+        DATABASES = {"default": dj_database_url.parse(database_url, conn_max_age=60)}
+    except Exception as exc:
+        raise ImproperlyConfigured(f"DATABASE_URL is malformed: {exc}") from None
+    if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        raise ImproperlyConfigured("DATABASE_URL must be a postgres:// URL in production mode")
+    REDIS_URL = required("REDIS_URL", envsecret("REDIS_URL"))
+    if not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
+        raise ImproperlyConfigured(f"REDIS_URL must be a redis:// URL, got {REDIS_URL!r}")
+
+CSRF_TRUSTED_ORIGINS = [o for o in envstr("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "django_htmx",
+    "template_partials",
+    "django_filters",
+    "csp",
+    "channels",
+    "clusterui",
+    "nodes",
+    "healthchecks",
+    "repairs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.auth.middleware.LoginRequiredMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+    "clusterui.middleware.VaryOnHtmxMiddleware",
+]
+
+ROOT_URLCONF = "clusterui.urls"
+ASGI_APPLICATION = "clusterui.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "builtins": ["template_partials.templatetags.partials"],
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "csp.context_processors.nonce",
+                "clusterui.context_processors.console",
+            ],
+        },
+    }
+]
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = envstr("TIME_ZONE", "UTC")
+USE_TZ = True
+USE_I18N = False
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+STATIC_URL = "/static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+# htmx comes from django-htmx's own static files; plotly.js from the plotly package.
+PLOTLY_JS = Path(__import__("plotly").__file__).parent / "package_data" / "plotly.min.js"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if not EMBEDDED
+        else "django.contrib.staticfiles.storage.StaticFilesStorage"
+    },
+}
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    "clusterui.staticfinders.VendoredPackageFinder",
+]
+WHITENOISE_USE_FINDERS = EMBEDDED
+
+# Content Security Policy: scripts only from 'self' and with the page's nonce, no eval.
+# plotly.js writes <style> elements at run time (its modebar and hover styles), so styles
+# also allow 'unsafe-inline'; nothing else does.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF, NONCE],
+        "style-src": [SELF, "'unsafe-inline'"],
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
+
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SECURE = envbool("SECURE_COOKIES", not EMBEDDED)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 0 if EMBEDDED else 31536000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = not EMBEDDED
+SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", False)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+
+if EMBEDDED:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    CELERY_BROKER_URL = envstr(
+        "CELERY_BROKER_URL", f"sqla+sqlite:///{DATA_DIR / 'celery-broker.sqlite3'}"
+    )
+else:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+    }
+    CELERY_BROKER_URL = envstr("CELERY_BROKER_URL", REDIS_URL)
+
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "refresh-node-states": {"task": "nodes.tasks.refresh_due_node_states", "schedule": 10.0},
+}
+
+# Node state timing (DESIGN.md "Node states").
+CLUSTERUI_BOOT_WINDOW_S = envint("CLUSTERUI_BOOT_WINDOW_S", 120)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
+    "loggers": {"daphne": {"level": "WARNING"}},
+}

@@ -1,0 +1,43 @@
+from django import template
+from datetime import timezone
+from django.utils.html import format_html
+
+register = template.Library()
+
+
+TIME_STYLES = {"short": "%m-%d %H:%M", "minute": "%Y-%m-%d %H:%M", "second": "%Y-%m-%d %H:%M:%S"}
+
+
+@register.simple_tag
+def timestamp(value, style="minute"):
+    """A time shown in the browser's local time, the UTC offset on hover (static/js/console.js).
+
+    Without JavaScript it reads in UTC. style: short, minute or second.
+    """
+    if value is None:
+        return format_html('<span class="muted">never</span>')
+    utc = value.astimezone(timezone.utc)
+    return format_html(
+        '<time datetime="{}" data-style="{}" title="{}">{} UTC</time>',
+        utc.isoformat(),
+        style,
+        utc.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        utc.strftime(TIME_STYLES[style]),
+    )
+
+
+@register.filter
+def gib(value):
+    """Bytes as GiB with one decimal."""
+    if value is None:
+        return "–"
+    return f"{value / 2**30:,.1f} GiB"
+
+
+@register.simple_tag(takes_context=True)
+def query_with(context, **changes):
+    """The current query string with some parameters replaced (for paging links)."""
+    query = context["request"].GET.copy()
+    for key, value in changes.items():
+        query[key] = value
+    return "?" + query.urlencode()

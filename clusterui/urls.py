@@ -1,0 +1,22 @@
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+
+from . import views
+
+cluster_patterns = [
+    path("clusters/", views.cluster_list, name="cluster_list"),
+    path("clusters/new/", views.cluster_create, name="cluster_create"),
+    path("c/<slug:slug>/", views.overview, name="overview"),
+    path("c/<slug:slug>/settings/", views.cluster_settings, name="cluster_settings"),
+]
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True),
+         name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", include((cluster_patterns, "clusterui"))),
+    path("c/<slug:slug>/nodes/", include("nodes.urls")),
+    path("c/<slug:slug>/health/", include("healthchecks.urls")),
+    path("c/<slug:slug>/repair/", include("repairs.urls")),
+]

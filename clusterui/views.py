@@ -1,0 +1,90 @@
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Q
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_http_methods
+
+from nodes.choices import NodeState
+
+from . import overview as read
+from .forms import ClusterCreateForm, ClusterSettingsForm, TimelineFilterForm
+from .models import Cluster
+from .roles import Role, has_role, require_role
+from .services import do_create_cluster, do_update_cluster
+
+
+def get_cluster_for_user(request, slug):
+    """The cluster named by `slug`, for a user who may read it (every role reads every cluster)."""
+    return get_object_or_404(Cluster, slug=slug)
+
+
+@require_GET
+@require_role(Role.VIEWER)
+def home(request):
+    clusters = list(Cluster.objects.only("slug")[:2])
+    if len(clusters) == 1:
+        return redirect("clusterui:overview", clusters[0].slug)
+    return redirect("clusterui:cluster_list")
+
+
+@require_GET
+@require_role(Role.VIEWER)
+def cluster_list(request):
+    counts = {state: Count("nodes", filter=Q(nodes__state=state)) for state in NodeState.values}
+    clusters = Cluster.objects.annotate(node_count=Count("nodes"), **counts)
+    return render(request, "clusterui/cluster_list.html", {"clusters": clusters})
+
+
+@require_http_methods(["GET", "POST"])
+@require_role(Role.ADMIN)
+def cluster_create(request):
+    form = ClusterCreateForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        cluster = do_create_cluster(form, actor=request.user, request=request)
+        messages.success(request, f"Cluster {cluster.name} created.")
+        return redirect(cluster)
+    return render(request, "clusterui/cluster_create.html", {"form": form})
+
+
+@require_GET
+@require_role(Role.VIEWER)
+def overview(request, slug):
+    cluster = get_cluster_for_user(request, slug)
+    filters = TimelineFilterForm(request.GET)
+    query = filters.cleaned_data if filters.is_valid() else {}
+    timeline = read.timeline_page(
+        cluster, node_name=query.get("node", ""), state=query.get("state", ""),
+        page=query.get("page") or 1,
+    )
+    counts = read.state_counts(cluster)
+    context = {
+        "cluster": cluster,
+        "tab": "overview",
+        "counts": counts,
+        "node_count": sum(c["count"] for c in counts),
+        "usage": read.usage(cluster),
+        "timeline": timeline,
+        "filters": filters,
+    }
+    template = "clusterui/overview.html" + ("#timeline" if request.htmx else "")
+    return render(request, template, context)
+
+
+@require_http_methods(["GET", "POST"])
+@require_role(Role.VIEWER)
+def cluster_settings(request, slug):
+    cluster = get_cluster_for_user(request, slug)
+    if request.method == "POST" and not has_role(request.user, Role.ADMIN):
+        raise PermissionDenied("Changing settings needs the admin role.")
+    form = ClusterSettingsForm(request.POST or None, instance=cluster)
+    if request.method == "POST" and form.is_valid():
+        _, changed = do_update_cluster(form, actor=request.user, request=request)
+        messages.success(
+            request, f"Saved: {', '.join(changed)}." if changed else "Nothing changed."
+        )
+        return redirect("clusterui:cluster_settings", cluster.slug)
+    return render(
+        request, "clusterui/cluster_settings.html",
+        {"cluster": cluster, "tab": "settings", "form": form,
+         "node_count": cluster.nodes.count()},
+    )

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class HealthchecksConfig(AppConfig):
+    name = "healthchecks"
+    verbose_name = "health checks"

@@ -1,0 +1,50 @@
+from django.conf import settings
+from django.db import models
+
+from nodes.models import Gpu, Node
+
+from .choices import Severity, Source
+
+
+class HealthEventQuerySet(models.QuerySet):
+    def open(self):
+        return self.filter(closed_at__isnull=True)
+
+
+class HealthEvent(models.Model):
+    """A health signal on a node (or one of its GPUs). Open until its closing rule holds."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="health_events")
+    gpu = models.ForeignKey(
+        Gpu, null=True, blank=True, on_delete=models.SET_NULL, related_name="health_events"
+    )
+    signature = models.CharField(max_length=64)
+    severity = models.CharField(max_length=8, choices=Severity.choices)
+    source = models.CharField(max_length=8, choices=Source.choices, default=Source.PASSIVE)
+    message = models.CharField(max_length=500, blank=True)
+    evidence = models.JSONField(default=dict, blank=True)
+    first_seen = models.DateTimeField()
+    last_seen = models.DateTimeField()
+    count = models.PositiveIntegerField(default=1)
+    closed_at = models.DateTimeField(null=True, blank=True)
+    closed_reason = models.CharField(max_length=255, blank=True)
+    acknowledged_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+
+    objects = HealthEventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-last_seen", "-id"]
+        indexes = [
+            models.Index(fields=["node", "closed_at"]),
+            models.Index(fields=["signature"]),
+        ]
+
+    def __str__(self):
+        return f"{self.node.name} {self.signature}"
+
+    @property
+    def is_open(self):
+        return self.closed_at is None

@@ -1,0 +1,119 @@
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+from django.urls import reverse
+
+from clusterui.models import Cluster
+
+from .choices import STATE_COLOURS, NodeState
+
+node_name_validator = RegexValidator(
+    r"^[A-Za-z0-9_.-]{1,63}$", "1-63 letters, digits, '-', '_' or '.'"
+)
+
+
+class Node(models.Model):
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
+    name = models.CharField(max_length=63, validators=[node_name_validator])
+    hostname = models.CharField(max_length=255, blank=True)
+
+    # Derived: written only by nodes.states.refresh_node_state, from the facts below.
+    # Empty only inside the transaction that registers the node.
+    state = models.CharField(max_length=16, choices=NodeState.choices, blank=True, default="")
+    state_reason = models.CharField(max_length=255, blank=True)
+    state_changed_at = models.DateTimeField(null=True, blank=True)
+
+    # Facts the state is computed from (DESIGN.md "Node states").
+    joined_at = models.DateTimeField(help_text="registered, or last reprovisioned")
+    last_hello_at = models.DateTimeField(null=True, blank=True)
+    booted_at = models.DateTimeField(
+        null=True, blank=True, help_text="when a hello with a new boot_id arrived"
+    )
+    boot_tasks_running = models.BooleanField(
+        default=False, help_text="boot startup scripts or post-repair checks still running"
+    )
+    acceptance_passed_at = models.DateTimeField(null=True, blank=True)
+    paused = models.BooleanField(default=False)
+    paused_reason = models.CharField(max_length=255, blank=True)
+
+    boot_id = models.CharField(max_length=64, blank=True)
+    agent_version = models.CharField(max_length=32, blank=True)
+    last_seen = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["cluster", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="node_name_unique_in_cluster")
+        ]
+        indexes = [models.Index(fields=["cluster", "state"])]
+
+    def __str__(self):
+        return self.name
+
+    def get_absolute_url(self):
+        return reverse("nodes:detail", args=[self.cluster.slug, self.name])
+
+    @property
+    def state_colour(self):
+        return STATE_COLOURS[self.state]
+
+
+class Gpu(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField("UUID", max_length=64)
+    name = models.CharField("model", max_length=64, blank=True)
+    pci_bus_id = models.CharField("PCI bus id", max_length=32, blank=True)
+    memory_total_bytes = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["node", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="gpu_index_unique_in_node"),
+            models.UniqueConstraint(fields=["node", "uuid"], name="gpu_uuid_unique_in_node"),
+        ]
+
+    def __str__(self):
+        return f"{self.node.name} GPU {self.index}"
+
+
+class NodeTransition(models.Model):
+    """One change of a node's state: the cluster's event timeline."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="transitions")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="transitions")
+    from_state = models.CharField(max_length=16, choices=NodeState.choices, blank=True)
+    to_state = models.CharField(max_length=16, choices=NodeState.choices)
+    reason = models.CharField(max_length=255, blank=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_name = models.CharField(max_length=150, help_text="the user, or 'system'")
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [
+            models.Index(fields=["cluster", "-at"]),
+            models.Index(fields=["node", "-at"]),
+        ]
+
+    def __str__(self):
+        return f"{self.node.name}: {self.from_state or '-'} -> {self.to_state}"
+
+
+class ClusterRollup(models.Model):
+    """One minute of cluster-wide usage across all GPU nodes: the overview's chart."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="rollups")
+    minute = models.DateTimeField()
+    gpus_reporting = models.PositiveIntegerField()
+    gpu_util_pct = models.FloatField(help_text="mean GPU utilization, percent")
+    gpu_mem_used_pct = models.FloatField(help_text="GPU memory used over total, percent")
+    net_bps = models.FloatField(help_text="node network rx + tx, bytes per second")
+
+    class Meta:
+        ordering = ["minute"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "minute"], name="one_rollup_per_minute")
+        ]

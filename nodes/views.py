@@ -1,0 +1,82 @@
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.db.models import Count
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from clusterui.roles import Role, require_role
+from clusterui.views import get_cluster_for_user
+
+from .filters import NodeFilter
+from .forms import PauseNodeForm
+from .models import Node
+from .services import do_pause_node, do_resume_node
+
+NODES_PAGE_SIZE = 50
+
+
+def get_node_for_user(request, slug, name):
+    cluster = get_cluster_for_user(request, slug)
+    return get_object_or_404(Node.objects.select_related("cluster"), cluster=cluster, name=name)
+
+
+@require_GET
+@require_role(Role.VIEWER)
+def node_list(request, slug):
+    cluster = get_cluster_for_user(request, slug)
+    nodes = Node.objects.filter(cluster=cluster).annotate(gpu_count=Count("gpus")).order_by("name")
+    node_filter = NodeFilter(request.GET, queryset=nodes)
+    page = Paginator(node_filter.qs, NODES_PAGE_SIZE).get_page(request.GET.get("page"))
+    context = {"cluster": cluster, "tab": "nodes", "filter": node_filter, "page": page}
+    return render(request, "nodes/list.html" + ("#node-table" if request.htmx else ""), context)
+
+
+@require_GET
+@require_role(Role.VIEWER)
+def node_detail(request, slug, name):
+    node = get_node_for_user(request, slug, name)
+    context = {
+        "cluster": node.cluster,
+        "tab": "nodes",
+        "node": node,
+        "gpus": node.gpus.all(),
+        "open_events": node.health_events.open().select_related("gpu"),
+        "transitions": node.transitions.all()[:50],
+        "pause_form": PauseNodeForm(),
+    }
+    return render(request, "nodes/detail.html", context)
+
+
+@require_POST
+@require_role(Role.OPERATOR)
+def node_pause(request, slug, name):
+    node = get_node_for_user(request, slug, name)
+    form = PauseNodeForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Say why the node is paused.")
+    elif do_pause_node(node, actor=request.user, reason=form.cleaned_data["reason"],
+                       request=request):
+        messages.success(request, f"{node.name} paused.")
+    else:
+        messages.info(request, f"{node.name} was already paused.")
+    return _node_status_or_redirect(request, node)
+
+
+@require_POST
+@require_role(Role.OPERATOR)
+def node_resume(request, slug, name):
+    node = get_node_for_user(request, slug, name)
+    if do_resume_node(node, actor=request.user, request=request):
+        messages.success(request, f"{node.name} resumed.")
+    else:
+        messages.info(request, f"{node.name} was not paused.")
+    return _node_status_or_redirect(request, node)
+
+
+def _node_status_or_redirect(request, node):
+    """After an operation: htmx swaps the node's status panel; a plain form goes back."""
+    if not request.htmx:
+        return redirect(node)
+    node.refresh_from_db()
+    context = {"cluster": node.cluster, "node": node, "pause_form": PauseNodeForm()}
+    return render(request, "nodes/detail.html#node-status", context)
