@@ -40,6 +40,7 @@ def do_create_cluster(form, *, actor, request=None):
     cluster = form.save(commit=False)
     cluster.created_by = actor
     cluster.save()
+    cluster.refresh_from_db()
     record_audit(
         actor,
         "cluster.create",
@@ -56,6 +57,7 @@ def do_update_cluster(form, *, actor, request=None):
     """Save an edited configuration; the audit entry holds each changed field before/after."""
     before = _configuration(Cluster.objects.select_for_update().get(pk=form.instance.pk))
     cluster = form.save()
+    cluster.refresh_from_db()  # as stored: 2.1 and 2.1000 are one billing rate
     after = _configuration(cluster)
     changed = {k: {"before": before[k], "after": after[k]} for k in after if before[k] != after[k]}
     if changed:

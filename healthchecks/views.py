@@ -17,7 +17,8 @@ def event_list(request, slug):
     cluster = get_cluster_for_user(request, slug)
     events = HealthEvent.objects.filter(node__cluster=cluster).select_related("node", "gpu")
     event_filter = HealthEventFilter(request.GET, queryset=events)
-    page = Paginator(event_filter.qs, EVENTS_PAGE_SIZE).get_page(request.GET.get("page"))
+    matching = event_filter.qs if event_filter.is_valid() else events.none()
+    page = Paginator(matching, EVENTS_PAGE_SIZE).get_page(request.GET.get("page"))
     context = {"cluster": cluster, "tab": "health", "filter": event_filter, "page": page}
     return render(
         request, "healthchecks/list.html" + ("#event-table" if request.htmx else ""), context

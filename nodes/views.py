@@ -26,7 +26,8 @@ def node_list(request, slug):
     cluster = get_cluster_for_user(request, slug)
     nodes = Node.objects.filter(cluster=cluster).annotate(gpu_count=Count("gpus")).order_by("name")
     node_filter = NodeFilter(request.GET, queryset=nodes)
-    page = Paginator(node_filter.qs, NODES_PAGE_SIZE).get_page(request.GET.get("page"))
+    matching = node_filter.qs if node_filter.is_valid() else nodes.none()
+    page = Paginator(matching, NODES_PAGE_SIZE).get_page(request.GET.get("page"))
     context = {"cluster": cluster, "tab": "nodes", "filter": node_filter, "page": page}
     return render(request, "nodes/list.html" + ("#node-table" if request.htmx else ""), context)
 

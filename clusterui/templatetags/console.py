@@ -1,6 +1,7 @@
 from django import template
 from datetime import timezone
 from django.utils.html import format_html
+from django.utils.safestring import mark_safe
 
 register = template.Library()
 
@@ -15,7 +16,7 @@ def timestamp(value, style="minute"):
     Without JavaScript it reads in UTC. style: short, minute or second.
     """
     if value is None:
-        return format_html('<span class="muted">never</span>')
+        return mark_safe('<span class="muted">never</span>')
     utc = value.astimezone(timezone.utc)
     return format_html(
         '<time datetime="{}" data-style="{}" title="{}">{} UTC</time>',
