@@ -23,6 +23,9 @@ class Cluster(models.Model):
     acceptance_tests_enabled = models.BooleanField(
         "run acceptance tests on new and reprovisioned nodes", default=False
     )
+    allow_rejoin = models.BooleanField(
+        "let a join token re-register an existing node name (a reprovisioned node)", default=True
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -39,6 +42,7 @@ class Cluster(models.Model):
         "os_image",
         "billing_rate_per_gpu_hour",
         "acceptance_tests_enabled",
+        "allow_rejoin",
     )
 
     class Meta:

@@ -117,3 +117,63 @@ class ClusterRollup(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["cluster", "minute"], name="one_rollup_per_minute")
         ]
+
+
+class AgentTokenQuerySet(models.QuerySet):
+    def usable(self, now):
+        return self.filter(revoked_at__isnull=True).filter(
+            models.Q(expires_at__isnull=True) | models.Q(expires_at__gt=now)
+        )
+
+
+class AgentToken(models.Model):
+    """A credential an agent presents (PROTOCOL.md "Connecting"). Only its hash is stored.
+
+    A join token is bound to a cluster and registers nodes; a node token is bound to one node.
+    """
+
+    class Kind(models.TextChoices):
+        JOIN = "join", "join"
+        NODE = "node", "node"
+
+    kind = models.CharField(max_length=4, choices=Kind.choices)
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="agent_tokens")
+    node = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.CASCADE, related_name="agent_tokens"
+    )
+    token_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12, help_text="the token's first characters, to tell it")
+    note = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    objects = AgentTokenQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(kind="join", node__isnull=True)
+                | models.Q(kind="node", node__isnull=False),
+                name="node_token_names_its_node",
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.kind} token {self.prefix}…"
+
+
+class AgentEventReceipt(models.Model):
+    """Each agent event id, stored once: a resent event is acked again, not stored twice."""
+
+    event_id = models.UUIDField(primary_key=True)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
+    received_at = models.DateTimeField()
+    health_event = models.ForeignKey(
+        "healthchecks.HealthEvent", null=True, on_delete=models.SET_NULL, related_name="+"
+    )

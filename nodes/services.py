@@ -1,11 +1,14 @@
 """Writes that change a node's facts. Each refreshes the node's state in its transaction."""
 
+import hashlib
+import secrets
+
 from django.db import transaction
 from django.utils import timezone
 
 from clusterui.services import record_audit
 
-from .models import Gpu, Node
+from .models import AgentToken, Gpu, Node
 from .states import refresh_node_state
 
 
@@ -80,3 +83,68 @@ def do_resume_node(node, *, actor, request=None, now=None):
         refresh_node_state(node, actor=actor, reason=f"resumed by {actor.get_username()}", now=now)
     node.refresh_from_db()
     return bool(updated)
+
+
+# Agent tokens (PROTOCOL.md "Connecting"): random, shown once, stored as a SHA-256 hash.
+JOIN_TOKEN_PREFIX = "cuj_"
+NODE_TOKEN_PREFIX = "cun_"
+
+
+def hash_token(plaintext):
+    return hashlib.sha256(plaintext.encode()).hexdigest()
+
+
+def _new_token(kind, cluster, *, node=None, actor=None, expires_at=None, note=""):
+    prefix = JOIN_TOKEN_PREFIX if kind == AgentToken.Kind.JOIN else NODE_TOKEN_PREFIX
+    plaintext = prefix + secrets.token_urlsafe(32)
+    token = AgentToken.objects.create(
+        kind=kind, cluster=cluster, node=node, token_hash=hash_token(plaintext),
+        prefix=plaintext[:12], created_by=actor, expires_at=expires_at, note=note,
+    )
+    return token, plaintext
+
+
+@transaction.atomic
+def do_issue_join_token(cluster, *, actor=None, expires_at=None, note="", request=None):
+    """A new join token for the cluster. Returns (token, plaintext); the plaintext is shown once."""
+    token, plaintext = _new_token(
+        AgentToken.Kind.JOIN, cluster, actor=actor, expires_at=expires_at, note=note
+    )
+    record_audit(actor, "jointoken.create", token, cluster=cluster, request=request,
+                 changes={"expires_at": expires_at.isoformat() if expires_at else None,
+                          "note": note})
+    return token, plaintext
+
+
+@transaction.atomic
+def do_revoke_agent_token(token, *, actor=None, request=None, now=None):
+    revoked = AgentToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
+        revoked_at=now or timezone.now()
+    )
+    if revoked:
+        record_audit(actor, f"{token.kind}token.revoke", token, cluster=token.cluster,
+                     request=request)
+    return bool(revoked)
+
+
+@transaction.atomic
+def do_issue_node_token(node, *, now=None):
+    """A fresh node token; the node's earlier tokens stop working (a re-joined node)."""
+    AgentToken.objects.filter(node=node, revoked_at__isnull=True).update(
+        revoked_at=now or timezone.now()
+    )
+    _, plaintext = _new_token(AgentToken.Kind.NODE, node.cluster, node=node)
+    return plaintext
+
+
+def find_usable_token(plaintext, *, now=None):
+    """The usable AgentToken matching `plaintext`, or None (unknown, expired or revoked)."""
+    if not plaintext:
+        return None
+    now = now or timezone.now()
+    return (
+        AgentToken.objects.usable(now)
+        .select_related("cluster", "node")
+        .filter(token_hash=hash_token(plaintext))
+        .first()
+    )
