@@ -249,6 +249,10 @@ CELERY_BEAT_SCHEDULE = {
 
 # Node state timing (DESIGN.md "Node states").
 CLUSTERUI_BOOT_WINDOW_S = envint("CLUSTERUI_BOOT_WINDOW_S", 120)
+# Agents send a sample this often (the welcome and config frames tell them).
+CLUSTERUI_SAMPLE_INTERVAL_S = float(envstr("CLUSTERUI_SAMPLE_INTERVAL_S", "1.0"))
+# The agent consumer writes Node.last_seen at most this often per connection.
+CLUSTERUI_LAST_SEEN_WRITE_S = envint("CLUSTERUI_LAST_SEEN_WRITE_S", 5)
 
 LOGGING = {
     "version": 1,

@@ -138,3 +138,12 @@ def refresh_due_node_states(now=None):
         state=NodeState.BOOTING, boot_tasks_running=False, booted_at__lte=now - boot_window()
     )
     return sum(refresh_node_state(node, reason="boot window ended", now=now) for node in due)
+
+
+def note_on_timeline(node, reason, *, actor=None, now=None):
+    """A timeline row for something that happened to a node without changing its state."""
+    node = Node.objects.get(pk=node.pk)
+    NodeTransition.objects.create(
+        cluster_id=node.cluster_id, node=node, from_state=node.state, to_state=node.state,
+        reason=reason[:255], actor=actor, actor_name=actor_name(actor), at=now or timezone.now(),
+    )

@@ -1,0 +1,160 @@
+"""The agent WebSocket (/ws/agent/): PROTOCOL.md's server side.
+
+Thin: it authenticates, validates each frame (nodes.protocol), and hands hellos and events
+to nodes.ingest in a worker thread. Samples never touch the database.
+"""
+
+import json
+import logging
+import time
+from collections import deque
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from . import ingest
+from .protocol import MAX_FRAME_BYTES, BadFrame, parse_frame
+
+logger = logging.getLogger(__name__)
+
+BAD_FRAME_LIMIT = 20
+BAD_FRAME_WINDOW_S = 60.0
+
+CLOSE_BAD_TOKEN = 4401
+CLOSE_TOO_MANY_BAD_FRAMES = 4400
+CLOSE_REPLACED = 4409
+CLOSE_TOO_BIG = 1009
+
+
+def bearer_token(scope):
+    for name, value in scope.get("headers", []):
+        if name.lower() == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer":
+                return token.strip()
+    return None
+
+
+def agent_group(node_id):
+    return f"agent.node.{node_id}"
+
+
+class AgentConsumer(AsyncWebsocketConsumer):
+    grant = None
+    node_id = None
+    closed = False
+
+    async def connect(self):
+        self.bad_frames = deque()
+        self.gpu_uuids = frozenset()
+        self.last_seen_written = 0.0
+        self.grant = await database_sync_to_async(ingest.authenticate)(bearer_token(self.scope))
+        await self.accept()
+        if self.grant is None:
+            await self.close_with(CLOSE_BAD_TOKEN)
+
+    async def disconnect(self, code):
+        self.closed = True
+        if self.node_id is not None:
+            await self.channel_layer.group_discard(agent_group(self.node_id), self.channel_name)
+
+    async def close_with(self, code):
+        self.closed = True
+        await self.close(code=code)
+
+    async def receive(self, text_data=None, bytes_data=None):
+        if self.closed:
+            return
+        data = text_data if text_data is not None else bytes_data
+        size = len(data.encode()) if isinstance(data, str) else len(data)
+        if size > MAX_FRAME_BYTES:
+            await self.close_with(CLOSE_TOO_BIG)
+            return
+        try:
+            frame = parse_frame(data)
+            if self.node_id is None and frame["type"] != "hello":
+                raise BadFrame("send hello first", code="hello_required")
+        except BadFrame as exc:
+            await self.refuse(exc)
+            return
+        await getattr(self, f"on_{frame['type']}")(frame)
+        await self.note_alive()
+
+    async def refuse(self, exc):
+        now = time.monotonic()
+        self.bad_frames.append(now)
+        while self.bad_frames and self.bad_frames[0] < now - BAD_FRAME_WINDOW_S:
+            self.bad_frames.popleft()
+        if len(self.bad_frames) > BAD_FRAME_LIMIT:
+            await self.close_with(CLOSE_TOO_MANY_BAD_FRAMES)
+            return
+        error = {"type": "error", "code": exc.code, "message": exc.message}
+        if exc.event_id is not None:
+            error["id"] = exc.event_id  # the agent drops it: resending can never succeed
+        await self.send_frame(error)
+
+    async def send_frame(self, frame):
+        await self.send(text_data=json.dumps(frame))
+
+    async def note_alive(self):
+        if self.node_id is None:
+            return
+        now = time.monotonic()
+        if now - self.last_seen_written >= settings.CLUSTERUI_LAST_SEEN_WRITE_S:
+            self.last_seen_written = now
+            await database_sync_to_async(ingest.mark_seen)([self.node_id])
+
+    async def on_hello(self, frame):
+        outcome = await database_sync_to_async(ingest.accept_hello)(self.grant, frame)
+        if outcome.close_code is not None:
+            logger.info("agent hello refused (%s): %s", outcome.close_code, outcome.reason)
+            await self.close_with(outcome.close_code)
+            return
+        if self.node_id not in (None, outcome.node_id):
+            await self.channel_layer.group_discard(agent_group(self.node_id), self.channel_name)
+        self.node_id = outcome.node_id
+        self.gpu_uuids = outcome.gpu_uuids
+        self.last_seen_written = time.monotonic()
+        group = agent_group(self.node_id)
+        await self.channel_layer.group_send(group, {"type": "agent.replaced",
+                                                    "by": self.channel_name})
+        await self.channel_layer.group_add(group, self.channel_name)
+        welcome = {"type": "welcome", "node_id": outcome.node_id,
+                   "sample_interval_s": ingest.sample_interval_s()}
+        if outcome.node_token is not None:
+            welcome["node_token"] = outcome.node_token
+        await self.send_frame(welcome)
+        await self.send_frame({"type": "config", "sample_interval_s": ingest.sample_interval_s(),
+                               "startup_scripts": []})
+
+    async def agent_replaced(self, message):
+        """A newer connection for this node said hello: this one goes (PROTOCOL.md, 4409)."""
+        if message["by"] != self.channel_name and not self.closed:
+            await self.close_with(CLOSE_REPLACED)
+
+    async def on_sample(self, frame):
+        unknown = [gpu["uuid"] for gpu in frame["gpus"] if gpu["uuid"] not in self.gpu_uuids]
+        if unknown:
+            frame["gpus"] = [gpu for gpu in frame["gpus"] if gpu["uuid"] in self.gpu_uuids]
+            await self.send_frame({
+                "type": "error", "code": "bad_message",
+                "message": f"sample.gpus: not in this connection's hello, dropped: "
+                           f"{', '.join(unknown)}",
+            })
+
+    async def on_event(self, frame):
+        await database_sync_to_async(ingest.ingest_event)(self.node_id, frame)
+        await self.send_frame({"type": "ack", "ids": [frame["id"]]})
+
+    async def on_check_result(self, frame):
+        logger.info("node %s: check_result for run %s, no such run", self.node_id,
+                    frame["run_id"])
+
+    async def on_command_result(self, frame):
+        logger.info("node %s: command_result for command %s, no such command", self.node_id,
+                    frame["id"])
+
+    async def on_script_result(self, frame):
+        logger.info("node %s: script_result for script %s, no such script", self.node_id,
+                    frame["script_id"])

@@ -1,0 +1,121 @@
+"""What the agent consumer does with a frame once it is valid: the database side of ingest.
+
+Synchronous functions, called from AgentConsumer through database_sync_to_async. Samples
+never come here (they go to the live store); hellos and events do.
+"""
+
+import uuid
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from healthchecks.services import do_close_health_event, do_record_health_event
+
+from .models import AgentEventReceipt, AgentToken, Node
+from .services import do_issue_node_token, do_record_hello, do_register_node, find_usable_token
+from .states import note_on_timeline
+
+
+@dataclass(frozen=True)
+class HelloOutcome:
+    node_id: int = 0
+    cluster_slug: str = ""
+    node_token: str | None = None
+    gpu_uuids: frozenset = frozenset()
+    close_code: int | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class TokenGrant:
+    token_id: int
+    kind: str
+    cluster_id: int
+    node_id: int | None
+
+
+def authenticate(plaintext):
+    """The grant for a usable agent token, or None."""
+    token = find_usable_token(plaintext)
+    if token is None:
+        return None
+    AgentToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+    return TokenGrant(token.pk, token.kind, token.cluster_id, token.node_id)
+
+
+def sample_interval_s():
+    return settings.CLUSTERUI_SAMPLE_INTERVAL_S
+
+
+@transaction.atomic
+def accept_hello(grant, frame, now=None):
+    """Register or find the hello's node, record the hello, and say what to answer."""
+    now = now or timezone.now()
+    token = AgentToken.objects.usable(now).select_related("cluster").filter(pk=grant.token_id)
+    token = token.first()
+    if token is None:
+        return HelloOutcome(close_code=4401, reason="token revoked or expired")
+    node_token = None
+    if token.kind == AgentToken.Kind.NODE:
+        node = Node.objects.select_related("cluster").get(pk=token.node_id)
+        if frame["node"] != node.name:
+            return HelloOutcome(close_code=4403, reason=f"this token belongs to node {node.name}")
+    else:
+        node = Node.objects.filter(cluster=token.cluster, name=frame["node"]).first()
+        if node is not None and not token.cluster.allow_rejoin:
+            return HelloOutcome(close_code=4403,
+                                reason=f"node {node.name} exists and re-join is off")
+        if node is None:
+            node = do_register_node(token.cluster, frame["node"], now=now)
+        else:
+            Node.objects.filter(pk=node.pk).update(joined_at=now)
+            note_on_timeline(node, "re-joined with a join token", now=now)
+        node_token = do_issue_node_token(node, now=now)
+    gpus = frame["gpus"]
+    do_record_hello(node, boot_id=frame["boot_id"], agent_version=frame["agent_version"],
+                    gpus=gpus, now=now)
+    return HelloOutcome(
+        node_id=node.pk,
+        cluster_slug=node.cluster.slug,
+        node_token=node_token,
+        gpu_uuids=frozenset(gpu["uuid"] for gpu in gpus),
+    )
+
+
+@transaction.atomic
+def ingest_event(node_id, frame, now=None):
+    """Store an agent event once (by its id): open, count or clear the node's health event."""
+    now = now or timezone.now()
+    event_id = uuid.UUID(frame["id"])
+    if AgentEventReceipt.objects.filter(event_id=event_id).exists():
+        return False
+    node = Node.objects.select_related("cluster").get(pk=node_id)
+    gpu_uuid = frame.get("gpu_uuid")
+    gpu = node.gpus.filter(uuid=gpu_uuid).first() if gpu_uuid else None
+    health_event = None
+    if frame.get("state") == "cleared":
+        open_event = node.health_events.open().filter(
+            gpu=gpu, signature=frame["signature"]).first()
+        if open_event is not None:
+            do_close_health_event(open_event, reason="cleared by the agent", now=now)
+            health_event = open_event
+    else:
+        evidence = {**(frame.get("detail") or {}), "agent_ts": frame["ts"]}
+        if gpu_uuid and gpu is None:
+            evidence["gpu_uuid"] = gpu_uuid
+        health_event = do_record_health_event(
+            node, signature=frame["signature"], severity=frame["severity"],
+            message=frame["message"], gpu=gpu, evidence=evidence,
+            count=frame.get("count") or 1, now=now,
+        )
+    AgentEventReceipt.objects.create(event_id=event_id, node=node, received_at=now,
+                                     health_event=health_event)
+    return True
+
+
+def mark_seen(node_ids, now=None):
+    """One UPDATE for every node that sent a frame since the last call."""
+    if node_ids:
+        Node.objects.filter(pk__in=node_ids).update(last_seen=now or timezone.now())
