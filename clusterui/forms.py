@@ -30,3 +30,11 @@ class TimelineFilterForm(forms.Form):
         required=False, choices=[("", "any state"), *NodeState.choices], label="to state"
     )
     page = forms.IntegerField(required=False, min_value=1)
+
+
+class JoinTokenForm(forms.Form):
+    note = forms.CharField(max_length=200, required=False,
+                           help_text="What it is for, e.g. 'rack 12 provisioning'.")
+    expires_in_hours = forms.IntegerField(
+        required=False, min_value=1, max_value=24 * 365,
+        help_text="Leave empty for a token that works until revoked.")

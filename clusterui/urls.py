@@ -8,6 +8,10 @@ cluster_patterns = [
     path("clusters/new/", views.cluster_create, name="cluster_create"),
     path("c/<slug:slug>/", views.overview, name="overview"),
     path("c/<slug:slug>/settings/", views.cluster_settings, name="cluster_settings"),
+    path("c/<slug:slug>/settings/join-tokens/", views.join_token_create,
+         name="join_token_create"),
+    path("c/<slug:slug>/settings/join-tokens/<uuid:public_id>/revoke/", views.join_token_revoke,
+         name="join_token_revoke"),
 ]
 
 urlpatterns = [

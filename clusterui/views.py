@@ -1,13 +1,18 @@
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q
+from datetime import timedelta
+
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_GET, require_http_methods
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from nodes.choices import NodeState
+from nodes.models import AgentToken
+from nodes.services import do_issue_join_token, do_revoke_agent_token
 
 from . import overview as read
-from .forms import ClusterCreateForm, ClusterSettingsForm, TimelineFilterForm
+from .forms import ClusterCreateForm, ClusterSettingsForm, JoinTokenForm, TimelineFilterForm
 from .models import Cluster
 from .roles import Role, has_role, require_role
 from .services import do_create_cluster, do_update_cluster
@@ -83,8 +88,48 @@ def cluster_settings(request, slug):
             request, f"Saved: {', '.join(changed)}." if changed else "Nothing changed."
         )
         return redirect("clusterui:cluster_settings", cluster.slug)
-    return render(
-        request, "clusterui/cluster_settings.html",
-        {"cluster": cluster, "tab": "settings", "form": form,
-         "node_count": cluster.nodes.count()},
+    return render(request, "clusterui/cluster_settings.html",
+                  _settings_context(request, cluster, form=form))
+
+
+def _settings_context(request, cluster, **extra):
+    return {
+        "cluster": cluster,
+        "tab": "settings",
+        "node_count": cluster.nodes.count(),
+        "form": ClusterSettingsForm(instance=cluster),
+        "token_form": JoinTokenForm(),
+        "join_tokens": cluster.agent_tokens.filter(kind=AgentToken.Kind.JOIN),
+        "now": timezone.now(),
+        **extra,
+    }
+
+
+@require_POST
+@require_role(Role.ADMIN)
+def join_token_create(request, slug):
+    cluster = get_cluster_for_user(request, slug)
+    form = JoinTokenForm(request.POST)
+    if not form.is_valid():
+        return render(request, "clusterui/cluster_settings.html",
+                      _settings_context(request, cluster, token_form=form), status=400)
+    hours = form.cleaned_data["expires_in_hours"]
+    _, plaintext = do_issue_join_token(
+        cluster, actor=request.user, note=form.cleaned_data["note"], request=request,
+        expires_at=timezone.now() + timedelta(hours=hours) if hours else None,
     )
+    return render(request, "clusterui/cluster_settings.html",
+                  _settings_context(request, cluster, new_join_token=plaintext))
+
+
+@require_POST
+@require_role(Role.ADMIN)
+def join_token_revoke(request, slug, public_id):
+    cluster = get_cluster_for_user(request, slug)
+    token = get_object_or_404(AgentToken, cluster=cluster, kind=AgentToken.Kind.JOIN,
+                              public_id=public_id)
+    if do_revoke_agent_token(token, actor=request.user, request=request):
+        messages.success(request, f"Join token {token.prefix}… revoked.")
+    else:
+        messages.info(request, f"Join token {token.prefix}… was already revoked.")
+    return redirect("clusterui:cluster_settings", cluster.slug)

@@ -1,3 +1,5 @@
+import uuid
+
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
@@ -136,6 +138,7 @@ class AgentToken(models.Model):
         JOIN = "join", "join"
         NODE = "node", "node"
 
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     kind = models.CharField(max_length=4, choices=Kind.choices)
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="agent_tokens")
     node = models.ForeignKey(
@@ -166,6 +169,13 @@ class AgentToken(models.Model):
 
     def __str__(self):
         return f"{self.kind} token {self.prefix}…"
+
+    def status(self, now):
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and self.expires_at <= now:
+            return "expired"
+        return "active"
 
 
 class AgentEventReceipt(models.Model):

@@ -42,3 +42,8 @@ def query_with(context, **changes):
     for key, value in changes.items():
         query[key] = value
     return "?" + query.urlencode()
+
+
+@register.filter
+def token_status(token, now):
+    return token.status(now)

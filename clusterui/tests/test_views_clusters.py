@@ -120,3 +120,51 @@ def test_audit_entries_are_append_only(admin, cluster):
         entry.save()
     with pytest.raises(ValueError):
         entry.delete()
+
+
+def test_an_admin_makes_a_join_token_and_sees_it_once(client_for, admin, cluster):
+    from nodes.services import find_usable_token
+
+    client = client_for(admin)
+    response = client.post(reverse("clusterui:join_token_create", args=[cluster.slug]),
+                           {"note": "rack 12", "expires_in_hours": "48"})
+
+    assert response.status_code == 200
+    plaintext = response.context["new_join_token"]
+    token = find_usable_token(plaintext)
+    assert token.cluster == cluster and token.note == "rack 12" and token.expires_at
+    assert plaintext in response.text
+    assert plaintext not in client.get(settings_url(cluster)).text  # shown once
+    assert AuditEntry.objects.get(action="jointoken.create").actor == admin
+
+
+def test_an_admin_revokes_a_join_token(client_for, admin, cluster):
+    from nodes.services import do_issue_join_token, find_usable_token
+
+    token, plaintext = do_issue_join_token(cluster)
+    url = reverse("clusterui:join_token_revoke", args=[cluster.slug, token.public_id])
+    response = client_for(admin).post(url)
+    assert response.status_code == 302
+    assert find_usable_token(plaintext) is None
+    assert AuditEntry.objects.get(action="jointoken.revoke").actor == admin
+    assert client_for(admin).get(url).status_code == 405
+
+
+def test_a_bad_token_request_says_why(client_for, admin, cluster):
+    response = client_for(admin).post(
+        reverse("clusterui:join_token_create", args=[cluster.slug]), {"expires_in_hours": "-3"})
+    assert response.status_code == 400
+    assert "greater than or equal to 1" in response.text
+
+
+@pytest.mark.parametrize("persona", ["viewer", "operator"])
+def test_only_admins_handle_join_tokens(client_for, persona, request, cluster):
+    from nodes.services import do_issue_join_token
+
+    token, _ = do_issue_join_token(cluster)
+    client = client_for(request.getfixturevalue(persona))
+    assert client.post(reverse("clusterui:join_token_create",
+                               args=[cluster.slug])).status_code == 403
+    assert client.post(reverse("clusterui:join_token_revoke",
+                               args=[cluster.slug, token.public_id])).status_code == 403
+    assert "Join tokens" not in client.get(settings_url(cluster)).text
