@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# The console in embedded mode, with a seeded demo cluster:
+#
+#   make demo                      (builds .venv, then runs PY=.venv/bin/python scripts/demo.sh)
+#   DEMO_RESET=1 make demo         (rebuilds the demo cluster's day of history first)
+#
+# Migrates the SQLite database, seeds the cluster "demo" and the accounts demo/demo
+# (operator) and admin/admin (admin), then runs, as children of this script, a Celery
+# worker and Celery beat (broker: settings.CELERY_BROKER_URL, a SQLite file under var/) and
+# daphne on http://127.0.0.1:8000. Ctrl-C (or TERM) stops every child and waits for it; if
+# one child dies, the others are stopped and the script exits non-zero. Safe to re-run.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+if [ ! -x "$PY" ]; then
+    echo "demo.sh: $PY not found; run 'make demo' (it builds the virtualenv)" >&2
+    exit 2
+fi
+export CLUSTERUI_MODE=embedded
+export PYTHONUNBUFFERED=1
+HOST=127.0.0.1
+PORT=${DEMO_PORT:-8000}
+DATA_DIR=${CLUSTERUI_DATA_DIR:-var}
+
+log() { printf '==> %s\n' "$*"; }
+
+port_open() { (exec 3<>"/dev/tcp/$HOST/$PORT") 2>/dev/null; }
+
+if port_open; then
+    echo "demo.sh: something already listens on $HOST:$PORT; stop it first" >&2
+    exit 1
+fi
+
+log "migrating the database ($DATA_DIR/clusterui.sqlite3)"
+"$PY" manage.py migrate --no-input -v 0
+log "seeding the demo cluster"
+"$PY" manage.py seed_demo ${DEMO_RESET:+--reset}
+
+# --- children --------------------------------------------------------------------------------
+# Each child runs in its own process group, so the terminal's Ctrl-C reaches only this script,
+# which then stops each group as a whole (the Celery worker's pool process goes with it).
+names=()
+pids=()
+SETPGID='import os, sys; os.setpgid(0, 0); os.execvp(sys.argv[1], sys.argv[1:])'
+
+start() {
+    local name=$1
+    shift
+    "$PY" -c "$SETPGID" "$@" </dev/null &
+    pids+=("$!")
+    names+=("$name")
+    log "started $name (pid $!)"
+}
+
+alive() { kill -0 "$1" 2>/dev/null; }
+
+# A child's process group: the child and what it started (the worker's pool process).
+group_alive() { kill -0 -- "-$1" 2>/dev/null; }
+signal() {  # signal SIG PID: the child's group; the child itself if it has no group yet
+    kill "-$1" -- "-$2" 2>/dev/null || { alive "$2" && kill "-$1" "$2" 2>/dev/null; } || true
+}
+
+stopping=0
+stop_all() {
+    local status=$1 i waited
+    stopping=1
+    trap '' INT TERM
+    for i in "${!pids[@]}"; do
+        # The child itself: a Celery worker stops its own pool (a TERM sent to the pool
+        # process as well would be logged as a lost worker).
+        if alive "${pids[$i]}"; then
+            log "stopping ${names[$i]}"
+            kill -TERM "${pids[$i]}" 2>/dev/null || true
+        elif group_alive "${pids[$i]}"; then
+            signal TERM "${pids[$i]}"
+        fi
+    done
+    # A Celery worker finishes its current task first; give each group 20 s, then KILL it.
+    for waited in $(seq 1 40); do
+        local any=0
+        for i in "${!pids[@]}"; do
+            if group_alive "${pids[$i]}" || alive "${pids[$i]}"; then any=1; fi
+        done
+        [ "$any" -eq 0 ] && break
+        sleep 0.5
+    done
+    for i in "${!pids[@]}"; do
+        if group_alive "${pids[$i]}" || alive "${pids[$i]}"; then
+            log "${names[$i]} did not stop; killing it"
+            signal KILL "${pids[$i]}"
+        fi
+        wait "${pids[$i]}" 2>/dev/null || true
+    done
+    log "stopped"
+    exit "$status"
+}
+
+trap 'stop_all 130' INT
+trap 'stop_all 143' TERM
+trap '[ "$stopping" -eq 1 ] || [ "${#pids[@]}" -eq 0 ] || stop_all 1' EXIT
+
+start worker "$PY" -m celery -A clusterui worker --loglevel=INFO --concurrency=1
+start beat "$PY" -m celery -A clusterui beat --loglevel=INFO \
+    --schedule "$DATA_DIR/celerybeat-schedule"
+start daphne "$PY" -m daphne -b "$HOST" -p "$PORT" clusterui.asgi:application
+
+for _ in $(seq 1 60); do
+    port_open && break
+    alive "${pids[2]}" || break
+    sleep 0.5
+done
+
+if port_open; then
+    cat <<EOF
+
+    clusterui is running: http://$HOST:$PORT/
+
+    sign in as  demo  / demo    (operator)
+             or admin / admin   (admin)
+
+    Ctrl-C stops the console, the Celery worker and beat.
+
+EOF
+fi
+
+# Watch the children: when one dies, stop the others and fail.
+while :; do
+    for i in "${!pids[@]}"; do
+        if ! alive "${pids[$i]}"; then
+            status=0
+            wait "${pids[$i]}" || status=$?
+            echo "demo.sh: ${names[$i]} exited (status $status); stopping the rest" >&2
+            stop_all 1
+        fi
+    done
+    sleep 1
+done
