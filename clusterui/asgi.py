@@ -7,11 +7,11 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
-from nodes.routing import agent_urlpatterns  # noqa: E402
+from nodes.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": URLRouter(agent_urlpatterns),
+        "websocket": URLRouter(websocket_urlpatterns),
     }
 )

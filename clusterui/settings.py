@@ -45,6 +45,16 @@ def envint(name, default):
         raise ImproperlyConfigured(f"{name} must be an integer, got {value!r}") from None
 
 
+def envfloat(name, default):
+    value = envstr(name)
+    if value is None:
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number, got {value!r}") from None
+
+
 def envsecret(name, default=None):
     """A secret from NAME, or from the file that NAME_FILE names (Docker/K8s secrets)."""
     path = envstr(f"{name}_FILE")
@@ -245,14 +255,20 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "refresh-node-states": {"task": "nodes.tasks.refresh_due_node_states", "schedule": 10.0},
+    "sweep-heartbeats": {"task": "nodes.tasks.sweep_heartbeats", "schedule": 1.0},
+    "prune-rollups": {"task": "nodes.tasks.prune_rollups", "schedule": 3600.0},
 }
 
 # Node state timing (DESIGN.md "Node states").
 CLUSTERUI_BOOT_WINDOW_S = envint("CLUSTERUI_BOOT_WINDOW_S", 120)
 # Agents send a sample this often (the welcome and config frames tell them).
-CLUSTERUI_SAMPLE_INTERVAL_S = float(envstr("CLUSTERUI_SAMPLE_INTERVAL_S", "1.0"))
-# The agent consumer writes Node.last_seen at most this often per connection.
-CLUSTERUI_LAST_SEEN_WRITE_S = envint("CLUSTERUI_LAST_SEEN_WRITE_S", 5)
+CLUSTERUI_SAMPLE_INTERVAL_S = envfloat("CLUSTERUI_SAMPLE_INTERVAL_S", 1.0)
+# No frame for this many sample intervals: the node's heartbeat is lost.
+CLUSTERUI_HEARTBEAT_INTERVALS = envint("CLUSTERUI_HEARTBEAT_INTERVALS", 3)
+# Per-minute rollups are kept this long (long-term history belongs in Prometheus).
+CLUSTERUI_ROLLUP_RETENTION_DAYS = envint("CLUSTERUI_ROLLUP_RETENTION_DAYS", 30)
+# Whether server processes start the live publisher (tests of consumers turn it off).
+CLUSTERUI_PUBLISHER = envbool("CLUSTERUI_PUBLISHER", True)
 
 LOGGING = {
     "version": 1,

@@ -11,10 +11,10 @@ from collections import deque
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.conf import settings
-
 from . import ingest
+from .live import get_live_store, live_entry
 from .protocol import MAX_FRAME_BYTES, BadFrame, parse_frame
+from .publisher import cluster_group, ensure_publisher
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +46,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
     closed = False
 
     async def connect(self):
+        ensure_publisher()
         self.bad_frames = deque()
-        self.gpu_uuids = frozenset()
-        self.last_seen_written = 0.0
+        self.memory_totals = {}
+        self.live_store = get_live_store()
         self.grant = await database_sync_to_async(ingest.authenticate)(bearer_token(self.scope))
         await self.accept()
         if self.grant is None:
@@ -79,7 +80,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.refuse(exc)
             return
         await getattr(self, f"on_{frame['type']}")(frame)
-        await self.note_alive()
 
     async def refuse(self, exc):
         now = time.monotonic()
@@ -97,14 +97,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def send_frame(self, frame):
         await self.send(text_data=json.dumps(frame))
 
-    async def note_alive(self):
-        if self.node_id is None:
-            return
-        now = time.monotonic()
-        if now - self.last_seen_written >= settings.CLUSTERUI_LAST_SEEN_WRITE_S:
-            self.last_seen_written = now
-            await database_sync_to_async(ingest.mark_seen)([self.node_id])
-
     async def on_hello(self, frame):
         outcome = await database_sync_to_async(ingest.accept_hello)(self.grant, frame)
         if outcome.close_code is not None:
@@ -114,8 +106,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if self.node_id not in (None, outcome.node_id):
             await self.channel_layer.group_discard(agent_group(self.node_id), self.channel_name)
         self.node_id = outcome.node_id
-        self.gpu_uuids = outcome.gpu_uuids
-        self.last_seen_written = time.monotonic()
+        self.cluster_id = outcome.cluster_id
+        self.memory_totals = {gpu["uuid"]: gpu.get("memory_total_bytes") for gpu in frame["gpus"]}
         group = agent_group(self.node_id)
         await self.channel_layer.group_send(group, {"type": "agent.replaced",
                                                     "by": self.channel_name})
@@ -134,14 +126,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.close_with(CLOSE_REPLACED)
 
     async def on_sample(self, frame):
-        unknown = [gpu["uuid"] for gpu in frame["gpus"] if gpu["uuid"] not in self.gpu_uuids]
+        unknown = [gpu["uuid"] for gpu in frame["gpus"] if gpu["uuid"] not in self.memory_totals]
         if unknown:
-            frame["gpus"] = [gpu for gpu in frame["gpus"] if gpu["uuid"] in self.gpu_uuids]
+            frame["gpus"] = [gpu for gpu in frame["gpus"] if gpu["uuid"] in self.memory_totals]
             await self.send_frame({
                 "type": "error", "code": "bad_message",
                 "message": f"sample.gpus: not in this connection's hello, dropped: "
                            f"{', '.join(unknown)}",
             })
+        self.live_store.record(self.cluster_id, live_entry(
+            frame, node_id=self.node_id, received_at=time.time(), memory_totals=self.memory_totals))
 
     async def on_event(self, frame):
         await database_sync_to_async(ingest.ingest_event)(self.node_id, frame)
@@ -158,3 +152,37 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def on_script_result(self, frame):
         logger.info("node %s: script_result for script %s, no such script", self.node_id,
                     frame["script_id"])
+
+
+class LiveClusterConsumer(AsyncWebsocketConsumer):
+    """/ws/live/cluster/<slug>/: a signed-in browser gets the cluster summary once a second."""
+
+    group = None
+
+    async def connect(self):
+        ensure_publisher()
+        user = self.scope.get("user")
+        slug = self.scope["url_route"]["kwargs"]["slug"]
+        if user is None or not await database_sync_to_async(may_watch)(user, slug):
+            await self.close(code=4403)
+            return
+        self.group = cluster_group(slug)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code):
+        if self.group is not None:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def receive(self, text_data=None, bytes_data=None):
+        """Browsers only listen."""
+
+    async def cluster_summary(self, message):
+        await self.send(text_data=json.dumps(message["summary"]))
+
+
+def may_watch(user, slug):
+    from clusterui.models import Cluster
+    from clusterui.roles import Role, has_role
+
+    return has_role(user, Role.VIEWER) and Cluster.objects.filter(slug=slug).exists()

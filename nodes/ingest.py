@@ -21,9 +21,8 @@ from .states import note_on_timeline
 @dataclass(frozen=True)
 class HelloOutcome:
     node_id: int = 0
-    cluster_slug: str = ""
+    cluster_id: int = 0
     node_token: str | None = None
-    gpu_uuids: frozenset = frozenset()
     close_code: int | None = None
     reason: str = ""
 
@@ -73,15 +72,9 @@ def accept_hello(grant, frame, now=None):
             Node.objects.filter(pk=node.pk).update(joined_at=now)
             note_on_timeline(node, "re-joined with a join token", now=now)
         node_token = do_issue_node_token(node, now=now)
-    gpus = frame["gpus"]
     do_record_hello(node, boot_id=frame["boot_id"], agent_version=frame["agent_version"],
-                    gpus=gpus, now=now)
-    return HelloOutcome(
-        node_id=node.pk,
-        cluster_slug=node.cluster.slug,
-        node_token=node_token,
-        gpu_uuids=frozenset(gpu["uuid"] for gpu in gpus),
-    )
+                    gpus=frame["gpus"], now=now)
+    return HelloOutcome(node_id=node.pk, cluster_id=node.cluster_id, node_token=node_token)
 
 
 @transaction.atomic
@@ -113,9 +106,3 @@ def ingest_event(node_id, frame, now=None):
     AgentEventReceipt.objects.create(event_id=event_id, node=node, received_at=now,
                                      health_event=health_event)
     return True
-
-
-def mark_seen(node_ids, now=None):
-    """One UPDATE for every node that sent a frame since the last call."""
-    if node_ids:
-        Node.objects.filter(pk__in=node_ids).update(last_seen=now or timezone.now())

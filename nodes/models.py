@@ -187,3 +187,23 @@ class AgentEventReceipt(models.Model):
     health_event = models.ForeignKey(
         "healthchecks.HealthEvent", null=True, on_delete=models.SET_NULL, related_name="+"
     )
+
+
+class NodeRollup(models.Model):
+    """One minute of one node: [mean, max] of each GPU metric per GPU, and of its network.
+
+    gpus: {uuid: {"util_pct": [mean, max], "mem_used_bytes": [...], "temp_c": [...],
+    "power_w": [...]}}; node: {"net_rx_bps": [mean, max], "net_tx_bps": [...], "cpu_pct": [...]}.
+    """
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="rollups")
+    minute = models.DateTimeField()
+    gpus = models.JSONField(default=dict)
+    node_metrics = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["minute"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "minute"], name="one_node_rollup_per_minute")
+        ]
+        indexes = [models.Index(fields=["minute"])]

@@ -1,9 +1,21 @@
 from celery import shared_task
 
-from . import states
+from . import heartbeats, rollups, states
 
 
 @shared_task
 def refresh_due_node_states():
     """Beat, every 10 s: node states that change with time alone (a boot window ending)."""
     return states.refresh_due_node_states()
+
+
+@shared_task
+def sweep_heartbeats():
+    """Beat, every second: open heartbeat_lost for silent nodes, close it for those back."""
+    return heartbeats.sweep_heartbeats()
+
+
+@shared_task
+def prune_rollups():
+    """Beat, hourly: drop per-minute rollups older than the retention."""
+    return rollups.prune_rollups()

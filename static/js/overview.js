@@ -1,13 +1,15 @@
-// The overview's usage chart: the last hour of per-minute cluster rollups.
+// The overview's usage chart: the last hour of per-minute rollups, then extended live
+// with each second's cluster summary (static/js/live.js).
 (function () {
   const el = document.getElementById("usage-chart");
   const data = document.getElementById("usage-series");
   if (!el || !data || !window.Plotly) return;
   const s = JSON.parse(data.textContent);
+  const names = ["GPU utilization %", "GPU memory %", "network Gb/s"];
   const traces = [
-    { name: "GPU utilization %", x: s.minute, y: s.gpu_util_pct, line: { color: "#2f5bd1" } },
-    { name: "GPU memory %", x: s.minute, y: s.gpu_mem_used_pct, line: { color: "#2e9e5b" } },
-    { name: "network Gb/s", x: s.minute, y: s.net_gbps, yaxis: "y2", line: { color: "#d59a1c", dash: "dot" } },
+    { name: names[0], x: s.minute, y: s.gpu_util_pct, line: { color: "#2f5bd1" } },
+    { name: names[1], x: s.minute, y: s.gpu_mem_used_pct, line: { color: "#2e9e5b" } },
+    { name: names[2], x: s.minute, y: s.net_gbps, yaxis: "y2", line: { color: "#d59a1c", dash: "dot" } },
   ].map(function (t) { return Object.assign({ type: "scatter", mode: "lines", hovertemplate: "%{y}<extra>" + t.name + "</extra>" }, t); });
   const layout = {
     margin: { l: 40, r: 50, t: 10, b: 30 },
@@ -17,4 +19,15 @@
     yaxis2: { title: { text: "Gb/s" }, overlaying: "y", side: "right", rangemode: "tozero", showgrid: false },
   };
   Plotly.newPlot(el, traces, layout, { displaylogo: false, responsive: true });
+
+  const HOUR_OF_SECONDS = 3600;
+  document.body.addEventListener("cluster-summary", function (e) {
+    const usage = e.detail.usage;
+    if (!usage) return;
+    const t = new Date(e.detail.at * 1000).toISOString();
+    Plotly.extendTraces(el, {
+      x: [[t], [t], [t]],
+      y: [[usage.gpu_util_pct], [usage.gpu_mem_used_pct], [usage.net_gbps]],
+    }, [0, 1, 2], HOUR_OF_SECONDS);
+  });
 })();

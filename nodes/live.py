@@ -1,0 +1,100 @@
+"""The live store: the latest sample of every node, and nothing older.
+
+Samples never reach the database. The agent consumer calls record() for each sample (a
+dict write, no I/O); the publisher calls flush() every 100 ms and snapshot() once a second.
+
+- MemoryLiveStore (embedded mode): process memory; the one server process sees everything.
+- RedisLiveStore (production): record() buffers; flush() writes the buffer to one Redis
+  hash per cluster in one pipeline, so every server process reads the whole fleet.
+"""
+
+import json
+
+from django.conf import settings
+
+LIVE_KEY = "clusterui:live:{cluster_id}"
+# A node that stopped reporting drops out of the store after this long.
+LIVE_TTL_S = 3600
+
+
+def live_entry(frame, *, node_id, received_at, memory_totals):
+    """What the store keeps of a sample: its GPUs (with their memory totals) and node metrics."""
+    gpus = []
+    for gpu in frame["gpus"]:
+        gpus.append({**gpu, "mem_total_bytes": memory_totals.get(gpu["uuid"])})
+    return {"node_id": node_id, "seq": frame["seq"], "ts": frame["ts"],
+            "received_at": received_at, "gpus": gpus, "node": frame.get("node") or {}}
+
+
+class MemoryLiveStore:
+    def __init__(self):
+        self.latest = {}  # cluster_id -> {node_id: entry}
+
+    def record(self, cluster_id, entry):
+        self.latest.setdefault(cluster_id, {})[entry["node_id"]] = entry
+
+    async def flush(self):
+        return 0
+
+    async def snapshot(self, cluster_id):
+        return dict(self.latest.get(cluster_id, {}))
+
+    async def close(self):
+        pass
+
+
+class RedisLiveStore:
+    def __init__(self, url):
+        self.url = url
+        self.pending = {}  # cluster_id -> {node_id: entry}
+        self._client = None
+
+    @property
+    def client(self):
+        if self._client is None:
+            import redis.asyncio
+
+            self._client = redis.asyncio.Redis.from_url(self.url)
+        return self._client
+
+    def record(self, cluster_id, entry):
+        self.pending.setdefault(cluster_id, {})[entry["node_id"]] = entry
+
+    async def flush(self):
+        pending, self.pending = self.pending, {}
+        if not pending:
+            return 0
+        async with self.client.pipeline(transaction=False) as pipe:
+            for cluster_id, entries in pending.items():
+                key = LIVE_KEY.format(cluster_id=cluster_id)
+                pipe.hset(key, mapping={node_id: json.dumps(entry)
+                                        for node_id, entry in entries.items()})
+                pipe.expire(key, LIVE_TTL_S)
+            await pipe.execute()
+        return sum(len(entries) for entries in pending.values())
+
+    async def snapshot(self, cluster_id):
+        raw = await self.client.hgetall(LIVE_KEY.format(cluster_id=cluster_id))
+        return {int(node_id): json.loads(value) for node_id, value in raw.items()}
+
+    async def close(self):
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+_store = None
+
+
+def get_live_store():
+    """This process's live store, as the mode says."""
+    global _store
+    if _store is None:
+        _store = RedisLiveStore(settings.REDIS_URL) if settings.REDIS_URL else MemoryLiveStore()
+    return _store
+
+
+def reset_live_store():
+    """Forget this process's store (tests switch settings between them)."""
+    global _store
+    _store = None

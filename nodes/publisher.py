@@ -1,0 +1,158 @@
+"""The live publisher: once a second, the cluster summary to every open browser.
+
+One asyncio task per server process flushes that process's live-store buffer every 100 ms.
+One of them (in production, the holder of a Redis lease; in embedded mode, the only one)
+also, once a second and for each cluster: reads the whole live store, builds the summary,
+sends it to the browsers' group `cluster.<slug>`, adds the tick to the minute's rollups, and
+writes `last_seen` of every node heard from, in one UPDATE. Agent connections never
+group_send (PROTOCOL.md traffic stays inside the process that received it).
+"""
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from datetime import datetime, timezone as dt_timezone
+
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import close_old_connections
+from django.db.models import Count, Max
+
+from clusterui.models import Cluster
+
+from .choices import NodeState
+from .live import get_live_store
+from .models import Node, NodeTransition
+from .rollups import RollupAccumulator, fresh_entries, summarize_usage, write_rollups
+
+logger = logging.getLogger(__name__)
+
+FLUSH_EVERY_S = 0.1
+PUBLISH_EVERY_S = 1.0
+LEASE_KEY = "clusterui:publisher"
+LEASE_MS = 3000
+
+
+def cluster_group(slug):
+    return f"cluster.{slug}"
+
+
+def stale_after_s():
+    return settings.CLUSTERUI_SAMPLE_INTERVAL_S * settings.CLUSTERUI_HEARTBEAT_INTERVALS
+
+
+def read_cluster_facts():
+    """Per cluster: slug, state counts and the newest timeline row (one query each, per tick)."""
+    close_old_connections()
+    clusters = {c.pk: {"slug": c.slug, "counts": {s: 0 for s in NodeState.values},
+                       "timeline_head": 0}
+                for c in Cluster.objects.only("slug")}
+    for row in Node.objects.values("cluster_id", "state").annotate(n=Count("id")):
+        if row["cluster_id"] in clusters and row["state"]:
+            clusters[row["cluster_id"]]["counts"][row["state"]] = row["n"]
+    for row in NodeTransition.objects.values("cluster_id").annotate(head=Max("id")):
+        if row["cluster_id"] in clusters:
+            clusters[row["cluster_id"]]["timeline_head"] = row["head"]
+    return clusters
+
+
+def mark_seen(seen):
+    """seen: {node_id: unix time of its latest frame}. One UPDATE per distinct second."""
+    close_old_connections()
+    by_time = {}
+    for node_id, received_at in seen.items():
+        by_time.setdefault(int(received_at), []).append(node_id)
+    for second, node_ids in by_time.items():
+        at = datetime.fromtimestamp(second, tz=dt_timezone.utc)
+        Node.objects.filter(pk__in=node_ids).update(last_seen=at)
+
+
+def build_summary(slug, facts, usage, now_ts):
+    return {
+        "cluster": slug,
+        "at": now_ts,
+        "counts": facts["counts"],
+        "timeline_head": facts["timeline_head"],
+        "usage": None if usage is None else {
+            "gpus_reporting": usage["gpus_reporting"],
+            "gpu_util_pct": round(usage["gpu_util_pct"], 1),
+            "gpu_mem_used_pct": round(usage["gpu_mem_used_pct"], 1),
+            "net_gbps": round(usage["net_bps"] * 8 / 1e9, 2),
+        },
+    }
+
+
+class Publisher:
+    def __init__(self, store=None, channel_layer=None):
+        self.store = store or get_live_store()
+        self.channel_layer = channel_layer or get_channel_layer()
+        self.rollups = RollupAccumulator()
+        self.seen_written = {}
+        self.identity = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+    async def run(self):
+        next_publish = time.monotonic()
+        while True:
+            try:
+                await self.store.flush()
+                if time.monotonic() >= next_publish:
+                    next_publish += PUBLISH_EVERY_S
+                    if await self.holds_lease():
+                        await self.publish_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("live publisher tick failed; retrying")
+            await asyncio.sleep(FLUSH_EVERY_S)
+
+    async def holds_lease(self):
+        """Production: one publisher in the whole deployment, by a Redis lease it renews."""
+        if not settings.REDIS_URL:
+            return True
+        client = self.store.client
+        if await client.set(LEASE_KEY, self.identity, nx=True, px=LEASE_MS):
+            return True
+        holder = await client.get(LEASE_KEY)
+        if holder is not None and holder.decode() == self.identity:
+            await client.pexpire(LEASE_KEY, LEASE_MS)
+            return True
+        return False
+
+    async def publish_once(self, now=None):
+        now = now or datetime.now(tz=dt_timezone.utc)
+        now_ts = now.timestamp()
+        clusters = await sync_to_async(read_cluster_facts, thread_sensitive=False)()
+        seen = {}
+        for cluster_id, facts in clusters.items():
+            entries = fresh_entries(await self.store.snapshot(cluster_id), now_ts, stale_after_s())
+            usage = summarize_usage(entries)
+            summary = build_summary(facts["slug"], facts, usage, now_ts)
+            await self.channel_layer.group_send(
+                cluster_group(facts["slug"]), {"type": "cluster.summary", "summary": summary})
+            finished = self.rollups.add(cluster_id, usage, entries, now)
+            if finished:
+                await sync_to_async(write_rollups, thread_sensitive=False)(*finished)
+            for entry in entries:
+                if entry["received_at"] > self.seen_written.get(entry["node_id"], 0):
+                    seen[entry["node_id"]] = entry["received_at"]
+        if seen:
+            await sync_to_async(mark_seen, thread_sensitive=False)(seen)
+            self.seen_written.update(seen)
+        return clusters
+
+
+_task = None
+
+
+def ensure_publisher():
+    """Start this process's publisher on the running event loop, once."""
+    global _task
+    if not settings.CLUSTERUI_PUBLISHER:
+        return
+    loop = asyncio.get_running_loop()
+    if _task is not None and not _task.done() and _task.get_loop() is loop:
+        return
+    _task = loop.create_task(Publisher().run(), name="clusterui-live-publisher")

@@ -1,0 +1,51 @@
+// The page's live socket: one cluster summary a second from /ws/live/cluster/<slug>/.
+// It fills [data-count] and [data-usage] in place, tells other widgets through DOM events
+// ("cluster-summary" with the summary; "cluster-changed" when the timeline moved, which htmx
+// widgets listen to with hx-trigger="cluster-changed from:body"), and reconnects on loss.
+(function () {
+  const slug = document.body.dataset.liveCluster;
+  if (!slug) return;
+  const scheme = location.protocol === "https:" ? "wss://" : "ws://";
+  const url = scheme + location.host + "/ws/live/cluster/" + slug + "/";
+  let timelineHead = null;
+  let delay = 1000;
+
+  function format(key, value) {
+    if (value === null || value === undefined) return "–";
+    if (key === "net_gbps") return value.toFixed(1) + " Gb/s";
+    if (key === "gpus_reporting") return value.toLocaleString();
+    return Math.round(value) + " %";
+  }
+
+  function apply(summary) {
+    Object.entries(summary.counts).forEach(function ([state, n]) {
+      document.querySelectorAll('[data-count="' + state + '"]').forEach(function (el) {
+        el.textContent = n;
+      });
+    });
+    const usage = summary.usage || {};
+    document.querySelectorAll("[data-usage]").forEach(function (el) {
+      el.textContent = format(el.dataset.usage, usage[el.dataset.usage]);
+    });
+    document.querySelectorAll("[data-live-when]").forEach(function (el) {
+      el.hidden = (el.dataset.liveWhen === "reporting") !== Boolean(summary.usage);
+    });
+    document.body.dispatchEvent(new CustomEvent("cluster-summary", { detail: summary }));
+    if (timelineHead !== null && summary.timeline_head !== timelineHead) {
+      document.body.dispatchEvent(new CustomEvent("cluster-changed", { detail: summary }));
+    }
+    timelineHead = summary.timeline_head;
+  }
+
+  function connect() {
+    const socket = new WebSocket(url);
+    socket.onopen = function () { delay = 1000; document.body.dataset.live = "on"; };
+    socket.onmessage = function (e) { apply(JSON.parse(e.data)); };
+    socket.onclose = function () {
+      document.body.dataset.live = "off";
+      setTimeout(connect, delay);
+      delay = Math.min(delay * 2, 30000);
+    };
+  }
+  connect();
+})();
