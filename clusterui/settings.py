@@ -267,6 +267,10 @@ CLUSTERUI_SAMPLE_INTERVAL_S = envfloat("CLUSTERUI_SAMPLE_INTERVAL_S", 1.0)
 CLUSTERUI_HEARTBEAT_INTERVALS = envint("CLUSTERUI_HEARTBEAT_INTERVALS", 3)
 # Per-minute rollups are kept this long (long-term history belongs in Prometheus).
 CLUSTERUI_ROLLUP_RETENTION_DAYS = envint("CLUSTERUI_ROLLUP_RETENTION_DAYS", 30)
+# Bearer token Prometheus presents at /metrics; /metrics is off while it is unset.
+CLUSTERUI_METRICS_TOKEN = envsecret("CLUSTERUI_METRICS_TOKEN")
+# Node pages link to Grafana when this is set: a URL with {node} and {cluster} in it.
+CLUSTERUI_GRAFANA_NODE_URL = envstr("CLUSTERUI_GRAFANA_NODE_URL", "")
 # Whether server processes start the live publisher (tests of consumers turn it off).
 CLUSTERUI_PUBLISHER = envbool("CLUSTERUI_PUBLISHER", True)
 

@@ -1,6 +1,8 @@
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from nodes.views import metrics
+
 from . import views
 
 cluster_patterns = [
@@ -19,6 +21,7 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True),
          name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("metrics", metrics, name="metrics"),
     path("", include((cluster_patterns, "clusterui"))),
     path("c/<slug:slug>/nodes/", include("nodes.urls")),
     path("c/<slug:slug>/health/", include("healthchecks.urls")),

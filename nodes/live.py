@@ -37,6 +37,10 @@ class MemoryLiveStore:
         return 0
 
     async def snapshot(self, cluster_id):
+        return self.read(cluster_id)
+
+    def read(self, cluster_id):
+        """The snapshot, for synchronous callers (views)."""
         return dict(self.latest.get(cluster_id, {}))
 
     async def close(self):
@@ -75,6 +79,14 @@ class RedisLiveStore:
 
     async def snapshot(self, cluster_id):
         raw = await self.client.hgetall(LIVE_KEY.format(cluster_id=cluster_id))
+        return {int(node_id): json.loads(value) for node_id, value in raw.items()}
+
+    def read(self, cluster_id):
+        """The snapshot, for synchronous callers (views), on a connection of their own."""
+        import redis
+
+        with redis.Redis.from_url(self.url) as client:
+            raw = client.hgetall(LIVE_KEY.format(cluster_id=cluster_id))
         return {int(node_id): json.loads(value) for node_id, value in raw.items()}
 
     async def close(self):

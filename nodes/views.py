@@ -1,4 +1,10 @@
+import hmac
+import time
+
+from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth.decorators import login_not_required
+from django.http import HttpResponse
 from django.core.paginator import Paginator
 from django.db.models import Count
 from django.shortcuts import get_object_or_404, redirect, render
@@ -9,6 +15,7 @@ from clusterui.views import get_cluster_for_user
 
 from .filters import NodeFilter
 from .forms import PauseNodeForm
+from .metrics import render_metrics
 from .models import Node
 from .services import do_pause_node, do_resume_node
 
@@ -44,8 +51,14 @@ def node_detail(request, slug, name):
         "open_events": node.health_events.open().select_related("gpu"),
         "transitions": node.transitions.all()[:50],
         "pause_form": PauseNodeForm(),
+        "grafana_url": grafana_url(node),
     }
     return render(request, "nodes/detail.html", context)
+
+
+def grafana_url(node):
+    template = settings.CLUSTERUI_GRAFANA_NODE_URL
+    return template.format(node=node.name, cluster=node.cluster.slug) if template else ""
 
 
 @require_POST
@@ -81,3 +94,19 @@ def _node_status_or_redirect(request, node):
     node.refresh_from_db()
     context = {"cluster": node.cluster, "node": node, "pause_form": PauseNodeForm()}
     return render(request, "nodes/detail.html#node-status", context)
+
+
+@login_not_required
+@require_GET
+def metrics(request):
+    """Prometheus scrape endpoint; guarded by CLUSTERUI_METRICS_TOKEN (off when unset)."""
+    expected = settings.CLUSTERUI_METRICS_TOKEN
+    if not expected:
+        return HttpResponse("metrics are off: set CLUSTERUI_METRICS_TOKEN\n", status=404,
+                            content_type="text/plain")
+    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        return HttpResponse("bearer token required\n", status=401, content_type="text/plain",
+                            headers={"WWW-Authenticate": "Bearer"})
+    return HttpResponse(render_metrics(time.time()),
+                        content_type="text/plain; version=0.0.4; charset=utf-8")
