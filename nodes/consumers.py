@@ -11,7 +11,7 @@ from collections import deque
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
-from channels.utils import get_handler_name
+from channels.consumer import get_handler_name
 from . import ingest
 from .live import get_live_store, live_entry
 from .protocol import MAX_FRAME_BYTES, BadFrame, parse_frame
