@@ -47,8 +47,11 @@ ROLLUP_MINUTES = 60
 # username, role: the password is the username (embedded mode only).
 ACCOUNTS = (("demo", Role.OPERATOR), ("admin", Role.ADMIN))
 
-# PCI buses of the eight GPUs in an HGX H100/H200 8-GPU baseboard (as a DGX H100 lists them).
-PCI_BUSES = (0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF)
+# The simulated agent's GPU identities (agent/backends/simulated.py), so that its hello matches
+# the seeded inventory when a simulated fleet connects: uuid5 of "<node>/<index>" in this
+# namespace, and PCI bus ids that follow the fixture's H200 (00000000:00:06.0) on its bus.
+GPU_UUID_NAMESPACE = uuid.UUID("6f1c3d2e-8a4b-5c6d-9e7f-0a1b2c3d4e5f")
+
 
 # Xid codes used by the script, with NVIDIA's catalog meaning (shared/data/xid_catalog.tsv,
 # "description"), the severity DESIGN.md's bucket table gives them, and the NVRM line's tail.
@@ -110,17 +113,21 @@ def node_names():
 
 
 def gpu_uuid(node_name, index):
-    return f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node_name}.demo/gpu/{index}')}"
+    return f"GPU-{uuid.uuid5(GPU_UUID_NAMESPACE, f'{node_name}/{index}')}"
+
+
+def pci_device(index):
+    return int(snapshot()["devices"][0]["pci"]["device"]) + index
 
 
 def pci_bus_id(index):
     # NVML's busId format, as in the fixture ("00000000:00:06.0").
-    return f"00000000:{PCI_BUSES[index]:02X}:00.0"
+    return f"00000000:00:{pci_device(index):02X}.0"
 
 
 def kmsg_pci(index):
-    # The kernel log's short form: "NVRM: Xid (PCI:0000:1b:00): ..."
-    return f"0000:{PCI_BUSES[index]:02x}:00"
+    # The kernel log's domain:bus:device form: "NVRM: Xid (PCI:0000:00:06): ..."
+    return f"0000:00:{pci_device(index):02x}"
 
 
 def hello_gpus(node_name):
@@ -362,7 +369,8 @@ def usage_rollups(cluster, script, rng):
     idle = [s for s in samples if s["utilization"]["gpu"] == 0]
     total = gpu_facts()["memory_total_bytes"]
     names = node_names()
-    last = script.now.replace(second=0, microsecond=0)
+    # The 60 complete minutes before now; the minute under way is the live rollup writer's.
+    last = script.now.replace(second=0, microsecond=0) - timedelta(minutes=1)
     share = 0.69
     rows = []
     for m in range(ROLLUP_MINUTES - 1, -1, -1):

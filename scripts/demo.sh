@@ -17,6 +17,14 @@ if [ ! -x "$PY" ]; then
     echo "demo.sh: $PY not found; run 'make demo' (it builds the virtualenv)" >&2
     exit 2
 fi
+# Started from a non-interactive shell in the background (`make demo &`), we inherit SIGINT
+# ignored, and bash cannot trap a signal that was ignored on entry: start once more with
+# SIGINT restored, so that Ctrl-C / SIGINT still stops everything.
+if [ -n "$(trap -p INT)" ] && [ -z "${DEMO_SIGINT_RESTORED:-}" ]; then
+    export DEMO_SIGINT_RESTORED=1
+    exec "$PY" -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL);
+os.execvp(sys.argv[1], sys.argv[1:])' bash "$PWD/scripts/demo.sh" "$@"
+fi
 export CLUSTERUI_MODE=embedded
 export PYTHONUNBUFFERED=1
 HOST=127.0.0.1
@@ -32,6 +40,7 @@ if port_open; then
     exit 1
 fi
 
+mkdir -p staticfiles  # STATIC_ROOT: files come from the finders here; whitenoise wants it to exist
 log "migrating the database ($DATA_DIR/clusterui.sqlite3)"
 "$PY" manage.py migrate --no-input -v 0
 log "seeding the demo cluster"
