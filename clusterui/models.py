@@ -2,6 +2,7 @@ from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.urls import reverse
+from django.utils import timezone
 
 
 class Cluster(models.Model):
@@ -62,7 +63,7 @@ class Cluster(models.Model):
 class AuditEntry(models.Model):
     """Append-only record of a change: who, what, on which object, before and after."""
 
-    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    at = models.DateTimeField(default=timezone.now, db_index=True)
     actor = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

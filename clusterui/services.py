@@ -1,6 +1,7 @@
 """Writes that matter for clusters, and the audit trail every change goes through."""
 
 from django.db import transaction
+from django.utils import timezone
 from django.forms.models import model_to_dict
 
 from .models import AuditEntry, Cluster
@@ -16,8 +17,9 @@ def client_ip(request):
     return request.META.get("REMOTE_ADDR") or None
 
 
-def record_audit(actor, action, obj, *, changes=None, cluster=None, request=None):
+def record_audit(actor, action, obj, *, changes=None, cluster=None, request=None, now=None):
     return AuditEntry.objects.create(
+        at=now or timezone.now(),
         actor=actor,
         actor_name=actor_name(actor),
         action=action,

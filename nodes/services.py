@@ -55,7 +55,11 @@ def do_record_hello(node, *, boot_id, agent_version="", gpus=(), now=None):
             if gpu["uuid"] not in known
         ]
     )
-    refresh_node_state(node, reason="rebooted" if rebooted else "agent connected", now=now)
+    if not rebooted:
+        reason = "agent reconnected"
+    else:
+        reason = "rebooted (new boot id)" if node.boot_id else "first hello from the agent"
+    refresh_node_state(node, reason=reason, now=now)
     node.refresh_from_db()
     return node
 
@@ -68,7 +72,7 @@ def do_pause_node(node, *, actor, reason, request=None, now=None):
     )
     if updated:
         record_audit(actor, "node.pause", node, changes={"reason": reason},
-                     cluster=node.cluster, request=request)
+                     cluster=node.cluster, request=request, now=now)
         refresh_node_state(node, actor=actor, now=now)
     node.refresh_from_db()
     return bool(updated)
@@ -79,7 +83,7 @@ def do_resume_node(node, *, actor, request=None, now=None):
     now = now or timezone.now()
     updated = Node.objects.filter(pk=node.pk, paused=True).update(paused=False, paused_reason="")
     if updated:
-        record_audit(actor, "node.resume", node, cluster=node.cluster, request=request)
+        record_audit(actor, "node.resume", node, cluster=node.cluster, request=request, now=now)
         refresh_node_state(node, actor=actor, reason=f"resumed by {actor.get_username()}", now=now)
     node.refresh_from_db()
     return bool(updated)

@@ -78,7 +78,7 @@ def test_a_reconnect_with_the_same_boot_id_is_not_a_reboot(cluster):
 
     node = do_record_hello(node, boot_id="boot-b", gpus=gpus(2), now=t0 + timedelta(minutes=40))
     assert node.state == NodeState.BOOTING
-    assert node.transitions.first().reason == "rebooted"
+    assert node.transitions.first().reason == "rebooted (new boot id)"
 
 
 @pytest.mark.django_db
