@@ -1,0 +1,85 @@
+"""Facts about this machine that go into the hello: its name, its boot id and its Slurm
+state."""
+
+import logging
+import os
+import re
+import shutil
+import socket
+import subprocess
+import uuid
+
+log = logging.getLogger(__name__)
+
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+SIMULATED_BOOT_ID_FILE = "simulated_boot_id"
+SLURM_TIMEOUT_S = 5
+
+# "NodeName=gpu-001 Arch=x86_64 ... State=IDLE+DRAIN ... Reason=disk full [root@...]":
+# a key is a word followed by "=" at the start or after a space.
+_SLURM_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
+
+
+def short_hostname():
+    return socket.gethostname().split(".")[0]
+
+
+def boot_id():
+    """The kernel's boot id, which changes at every boot (Linux)."""
+    with open(BOOT_ID_PATH) as f:
+        return f.read().strip()
+
+
+def simulated_boot_id(state_dir):
+    """A boot id for a simulated node: kept in the state dir, so an agent restart is not
+    a reboot (delete the file to simulate one). Where the state dir cannot be written
+    (say --print-once as a normal user), a new id for this process only."""
+    path = os.path.join(state_dir, SIMULATED_BOOT_ID_FILE)
+    try:
+        with open(path) as f:
+            stored = f.read().strip()
+        if stored:
+            return stored
+    except OSError:
+        pass
+    new_id = str(uuid.uuid4())
+    try:
+        os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        with open(path, "w") as f:
+            f.write(new_id + "\n")
+    except OSError as exc:
+        log.debug("cannot keep the simulated boot id in %s: %s", path, exc)
+    return new_id
+
+
+def slurm_status(node_name):
+    """{"state", "reason"} from `scontrol show node`, or None where this node runs no
+    Slurm (no scontrol) or scontrol fails."""
+    if shutil.which("scontrol") is None:
+        return None
+    try:
+        result = subprocess.run(
+            ["scontrol", "show", "node", node_name, "-o"],
+            capture_output=True,
+            text=True,
+            timeout=SLURM_TIMEOUT_S,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("scontrol show node %s failed: %s", node_name, exc)
+        return None
+    if result.returncode != 0:
+        log.warning("scontrol show node %s failed: %s", node_name, result.stderr.strip())
+        return None
+    fields = parse_scontrol_line(result.stdout.strip())
+    return {"state": fields.get("State"), "reason": fields.get("Reason") or None}
+
+
+def parse_scontrol_line(line):
+    """The key=value fields of one `scontrol show node -o` line. A value runs to the next
+    key, so a Reason with spaces in it stays whole."""
+    matches = list(_SLURM_KEY.finditer(line))
+    fields = {}
+    for i, match in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+        fields[match.group(1)] = line[match.end() : end].strip()
+    return fields
