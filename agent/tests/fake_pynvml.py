@@ -1,0 +1,182 @@
+"""A stand-in for the pynvml module that serves the real H200's readings.
+
+Static facts come from agent/fixtures/h200/nvml_snapshot.json (one real H200);
+dynamic ones from a block in the snapshot's `dynamic` format (the snapshot's own idle
+block, or one sample of nvml_trace.json). Exception classes, constants and the ctypes
+structures returned are the real nvidia-ml-py ones, which import without a driver."""
+
+import json
+import time
+from pathlib import Path
+
+import pynvml
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "h200"
+
+
+def load_snapshot():
+    return json.loads((FIXTURES / "nvml_snapshot.json").read_text())
+
+
+def load_trace():
+    return json.loads((FIXTURES / "nvml_trace.json").read_text())
+
+
+def trace_load_sample():
+    """A sample from the middle of the trace's bf16 matmul load (t about 15 s)."""
+    return next(sample for sample in load_trace()["samples"] if sample["t"] >= 15.0)
+
+
+class FakeHandle:
+    def __init__(self, index):
+        self.index = index
+
+
+class FakeNvml:
+    def __init__(
+        self,
+        dynamic=None,
+        gpu_count=1,
+        pcie_delay_s=0.0,
+        not_supported=(),
+        init_error=None,
+    ):
+        """dynamic: readings in the snapshot's `dynamic` format (default: the snapshot's
+        idle block); gpu_count: copies of the real H200 (GPU 0 is the real one, the
+        others get their own uuid and bus id); pcie_delay_s: how long
+        nvmlDeviceGetPcieThroughput blocks; not_supported: getter names that raise
+        NVMLError_NotSupported; init_error: an NVMLError class nvmlInit raises."""
+        for name in dir(pynvml):
+            if name.startswith(("NVMLError", "NVML_")):
+                setattr(self, name, getattr(pynvml, name))
+        self.snapshot = load_snapshot()
+        self.device = self.snapshot["devices"][0]
+        self.dynamic = dynamic if dynamic is not None else self.device["dynamic"]
+        self.gpu_count = gpu_count
+        self.pcie_delay_s = pcie_delay_s
+        self.not_supported = set(not_supported)
+        self.init_error = init_error
+        self.lost = set()  # indexes of GPUs that answer NVMLError_GpuIsLost
+        self.pcie_calls = 0
+
+    def uuid(self, index):
+        real = self.device["uuid"]
+        return real if index == 0 else f"{real[:-2]}{index:02x}"
+
+    def _check(self, handle, getter):
+        if handle.index in self.lost:
+            raise pynvml.NVMLError_GpuIsLost()
+        if getter in self.not_supported:
+            raise pynvml.NVMLError_NotSupported()
+
+    # System
+
+    def nvmlInit(self):
+        if self.init_error is not None:
+            raise self.init_error()
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlSystemGetDriverVersion(self):
+        return self.snapshot["driver_version"]
+
+    def nvmlSystemGetCudaDriverVersion(self):
+        return self.snapshot["cuda_driver_version"]
+
+    def nvmlDeviceGetCount(self):
+        return self.gpu_count
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        if not 0 <= index < self.gpu_count:
+            raise pynvml.NVMLError_InvalidArgument()
+        return FakeHandle(index)
+
+    # Static facts
+
+    def nvmlDeviceGetUUID(self, handle):
+        self._check(handle, "nvmlDeviceGetUUID")
+        return self.uuid(handle.index)
+
+    def nvmlDeviceGetName(self, handle):
+        self._check(handle, "nvmlDeviceGetName")
+        return self.device["name"]
+
+    def nvmlDeviceGetPciInfo(self, handle):
+        self._check(handle, "nvmlDeviceGetPciInfo")
+        pci = self.device["pci"]
+        info = pynvml.nvmlPciInfo_t()
+        info.domain = pci["domain"]
+        info.bus = pci["bus"]
+        info.device = pci["device"] + handle.index
+        info.pciDeviceId = pci["pciDeviceId"]
+        info.pciSubSystemId = pci["pciSubSystemId"]
+        bus_id = pci["busId"] if handle.index == 0 else f"00000000:00:{6 + handle.index:02X}.0"
+        info.busId = bus_id.encode()
+        return info
+
+    # Readings
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        self._check(handle, "nvmlDeviceGetMemoryInfo")
+        memory = self.dynamic["memory"]
+        return pynvml.c_nvmlMemory_t(
+            total=memory["total"], free=memory["free"], used=memory["used"]
+        )
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        self._check(handle, "nvmlDeviceGetUtilizationRates")
+        utilization = self.dynamic["utilization"]
+        return pynvml.c_nvmlUtilization_t(gpu=utilization["gpu"], memory=utilization["memory"])
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        self._check(handle, "nvmlDeviceGetTemperature")
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            raise pynvml.NVMLError_InvalidArgument()
+        return self.dynamic["temperature_c"]
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        self._check(handle, "nvmlDeviceGetPowerUsage")
+        return self.dynamic["power_mw"]
+
+    def nvmlDeviceGetClockInfo(self, handle, clock_type):
+        self._check(handle, "nvmlDeviceGetClockInfo")
+        if clock_type == pynvml.NVML_CLOCK_SM:
+            return self.dynamic["sm_clock_mhz"]
+        if clock_type == pynvml.NVML_CLOCK_MEM:
+            return self.dynamic["mem_clock_mhz"]
+        raise pynvml.NVMLError_InvalidArgument()
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+        self._check(handle, "nvmlDeviceGetCurrentClocksEventReasons")
+        return self.dynamic["clock_event_reasons"]
+
+    def nvmlDeviceGetTotalEccErrors(self, handle, error_type, counter_type):
+        self._check(handle, "nvmlDeviceGetTotalEccErrors")
+        counters = {
+            (
+                pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                pynvml.NVML_VOLATILE_ECC,
+            ): "ecc_corrected_volatile",
+            (
+                pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                pynvml.NVML_VOLATILE_ECC,
+            ): "ecc_uncorrected_volatile",
+            (
+                pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                pynvml.NVML_AGGREGATE_ECC,
+            ): "ecc_uncorrected_aggregate",
+        }
+        if (error_type, counter_type) not in counters:
+            raise pynvml.NVMLError_InvalidArgument()
+        return self.device[counters[(error_type, counter_type)]]
+
+    def nvmlDeviceGetPcieThroughput(self, handle, counter):
+        self.pcie_calls += 1
+        time.sleep(self.pcie_delay_s)  # a real H200 blocks about 21 ms here
+        self._check(handle, "nvmlDeviceGetPcieThroughput")
+        if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES:
+            return self.dynamic["pcie_tx_kbps"]
+        if counter == pynvml.NVML_PCIE_UTIL_RX_BYTES:
+            return self.dynamic["pcie_rx_kbps"]
+        raise pynvml.NVMLError_InvalidArgument()
