@@ -1,0 +1,185 @@
+"""`python -m agent`: read the settings, pick the backend, then either print one hello
+and one sample (--print-once) or run the client until SIGTERM/SIGINT.
+
+Exit codes: 0 done, 2 a usage error or no NVIDIA driver (the message says which)."""
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+
+from agent import __version__, host, protocol
+from agent.backends import BackendUnavailable
+from agent.client import AgentClient
+from agent.config import ConfigError, build_config, read_config_file
+from agent.node_metrics import NodeMetrics
+from agent.node_token import read_node_token
+from agent.outbox import Outbox
+
+log = logging.getLogger("agent")
+
+OUTBOX_FILE = "outbox.sqlite3"
+PRINT_ONCE_WINDOW_S = 0.25  # how long --print-once measures CPU and network rates
+
+
+def make_parser():
+    parser = argparse.ArgumentParser(
+        prog="python -m agent",
+        description="clusterui node agent: reports this node's GPUs to the clusterui server.",
+    )
+    parser.add_argument("--server", help="the server's agent endpoint, wss://HOST/ws/agent/")
+    parser.add_argument("--token", help="join token (used until the server issues a node token)")
+    parser.add_argument("--config", metavar="FILE", help="TOML file with the same keys")
+    parser.add_argument(
+        "--state-dir", help="node token and event outbox (default /var/lib/clusterui-agent)"
+    )
+    parser.add_argument("--node-name", help="this node's name (default: the short hostname)")
+    parser.add_argument(
+        "--sample-interval",
+        type=float,
+        metavar="SECONDS",
+        help="seconds between samples (default 1.0; the server's setting wins)",
+    )
+    parser.add_argument(
+        "--simulate",
+        action="store_true",
+        default=None,
+        help="simulated GPUs replaying a real H200 trace instead of NVML",
+    )
+    parser.add_argument("--gpus", type=int, metavar="N", help="simulated GPUs (default 8)")
+    parser.add_argument(
+        "--inject",
+        action="append",
+        metavar="SPEC",
+        help="simulated faults, e.g. xid:79@30s,thermal@60s+30s:gpu2,gpu_lost@90s",
+    )
+    parser.add_argument(
+        "--print-once",
+        action="store_true",
+        default=None,
+        help="print one hello and one sample as JSON lines and exit, without connecting",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", default=None, help="debug logs")
+    parser.add_argument("--version", action="version", version=f"clusterui-agent {__version__}")
+    return parser
+
+
+def main(argv=None):
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    options = vars(args)
+    config_path = options.pop("config")
+    try:
+        file_values = read_config_file(config_path) if config_path else {}
+        config = build_config(options, file_values)
+    except ConfigError as exc:
+        parser.error(str(exc))  # exits 2
+
+    logging.basicConfig(
+        level=logging.DEBUG if config.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        backend = make_backend(config)
+        boot_id = host.simulated_boot_id(config.state_dir) if config.simulate else host.boot_id()
+    except BackendUnavailable as exc:
+        return _fail(str(exc))
+    except OSError as exc:
+        return _fail(f"cannot read the boot id from {host.BOOT_ID_PATH}: {exc.strerror}")
+
+    try:
+        if config.print_once:
+            return print_once(config, backend, boot_id)
+        return run_agent(config, backend, boot_id)
+    finally:
+        backend.close()
+
+
+def make_backend(config):
+    if config.simulate:
+        from agent.backends.simulated import SimulatedBackend
+
+        return SimulatedBackend(config.node_name, gpu_count=config.gpus, faults=config.inject)
+    from agent.backends.nvml import NvmlBackend
+
+    return NvmlBackend()
+
+
+def print_once(config, backend, boot_id):
+    node_metrics = NodeMetrics()
+    backend.wait_ready(timeout_s=2.0)
+    time.sleep(PRINT_ONCE_WINDOW_S)
+    hello = protocol.hello_frame(
+        node=config.node_name,
+        boot_id=boot_id,
+        agent_version=__version__,
+        driver_version=backend.driver_version,
+        cuda_version=backend.cuda_version,
+        gpus=backend.gpus(),
+        slurm=host.slurm_status(config.node_name),
+    )
+    sample = protocol.sample_frame(seq=0, gpus=backend.read_gpus(), node=node_metrics.read())
+    print(protocol.encode(hello))
+    print(protocol.encode(sample))
+    return 0
+
+
+def run_agent(config, backend, boot_id):
+    try:
+        os.makedirs(config.state_dir, mode=0o700, exist_ok=True)
+        node_token = read_node_token(config.state_dir)
+    except OSError as exc:
+        return _fail(f"cannot use the state dir {config.state_dir}: {exc.strerror}")
+    if not config.token and not node_token:
+        return _fail(
+            f"no token: give a join token with --token (or token in --config); "
+            f"{config.state_dir} holds no node token yet"
+        )
+
+    outbox = Outbox(os.path.join(config.state_dir, OUTBOX_FILE))
+    client = AgentClient(
+        server_url=config.server,
+        join_token=config.token,
+        node_token=node_token,
+        node_name=config.node_name,
+        boot_id=boot_id,
+        state_dir=config.state_dir,
+        backend=backend,
+        node_metrics=NodeMetrics(),
+        outbox=outbox,
+        sample_interval_s=config.sample_interval_s,
+    )
+    log.info(
+        "clusterui-agent %s: node %s, %d %s GPUs, server %s, %d events in the outbox",
+        __version__,
+        config.node_name,
+        len(backend.gpus()),
+        "simulated" if config.simulate else "NVML",
+        config.server,
+        len(outbox),
+    )
+    try:
+        asyncio.run(_run_until_signalled(client))
+    finally:
+        outbox.close()
+    return 0
+
+
+async def _run_until_signalled(client):
+    """Run the client; SIGTERM (systemd stop) or SIGINT (Ctrl-C) ends it cleanly."""
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, task.cancel)
+    try:
+        await client.run()
+    except asyncio.CancelledError:
+        log.info("stopping")
+
+
+def _fail(message):
+    print(f"clusterui-agent: {message}", file=sys.stderr)
+    return 2

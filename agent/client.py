@@ -1,0 +1,413 @@
+"""The agent's WebSocket client (shared/PROTOCOL.md).
+
+Two loops run side by side:
+
+- the collector reads the backend and the node every sample interval, whether or not
+  the server is reachable: new events go into the outbox at once (and out, when
+  connected), samples go out only while connected (they are fire-and-forget);
+- the connection loop connects, sends `hello`, waits for `welcome`, resends every event
+  still in the outbox, then handles the server's frames until the connection ends, and
+  reconnects after a backoff with full jitter (1 s doubling up to 30 s, back to the
+  start after a connection that lasted).
+"""
+
+import asyncio
+import json
+import logging
+import random
+import time
+
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+
+from agent import __version__, host, protocol
+from agent.config import MAX_SAMPLE_INTERVAL_S, MIN_SAMPLE_INTERVAL_S
+from agent.node_token import save_node_token
+
+log = logging.getLogger(__name__)
+
+BACKOFF_BASE_S = 1.0
+BACKOFF_CAP_S = 30.0
+STABLE_CONNECTION_S = 60.0  # a connection that lasted this long resets the backoff
+WELCOME_TIMEOUT_S = 30.0
+RECEIVE_MAX_BYTES = 16 * 1024 * 1024  # a config frame carries startup script bodies
+
+
+def backoff_ceiling(attempt, base_s=BACKOFF_BASE_S, cap_s=BACKOFF_CAP_S):
+    """The longest wait before reconnect attempt number `attempt` (0, 1, 2, ...):
+    base, 2 x base, 4 x base, ... never above the cap."""
+    return min(cap_s, base_s * 2 ** min(attempt, 32))
+
+
+def backoff_delay(attempt, rng=random, base_s=BACKOFF_BASE_S, cap_s=BACKOFF_CAP_S):
+    """Full jitter: anywhere from 0 to the ceiling, so a fleet that lost the server at
+    the same moment does not come back at the same moment."""
+    return rng.uniform(0, backoff_ceiling(attempt, base_s, cap_s))
+
+
+class AgentClient:
+    def __init__(
+        self,
+        *,
+        server_url,
+        join_token,
+        node_token,
+        node_name,
+        boot_id,
+        state_dir,
+        backend,
+        node_metrics,
+        outbox,
+        sample_interval_s=1.0,
+        backoff_base_s=BACKOFF_BASE_S,
+        backoff_cap_s=BACKOFF_CAP_S,
+        stable_connection_s=STABLE_CONNECTION_S,
+        rng=random,
+    ):
+        self.server_url = server_url
+        self.node_name = node_name
+        self.boot_id = boot_id
+        self.sample_interval_s = sample_interval_s
+        self.startup_scripts = []  # from `config`; run by a later agent version
+        self._join_token = join_token
+        self._node_token = node_token
+        self._node_token_refused = False
+        self._state_dir = state_dir
+        self._backend = backend
+        self._node_metrics = node_metrics
+        self._outbox = outbox
+        self._backoff_base_s = backoff_base_s
+        self._backoff_cap_s = backoff_cap_s
+        self._stable_connection_s = stable_connection_s
+        self._rng = rng
+        self._ws = None  # the connection, once welcomed; None while there is none
+        self._seq = 0  # the next sample's seq on this connection
+        self._welcomed_at = None
+        self._interval_changed = asyncio.Event()
+
+    async def run(self):
+        """Run until cancelled."""
+        collector = asyncio.create_task(self._collect_forever(), name="collector")
+        try:
+            await self._connect_forever()
+        finally:
+            collector.cancel()
+            try:
+                await collector
+            except asyncio.CancelledError:
+                pass
+
+    # The collector
+
+    async def _collect_forever(self):
+        next_tick = time.monotonic()
+        while True:
+            try:
+                await self.collect_once()
+            except Exception:
+                log.exception("collecting a sample failed")
+            next_tick += self.sample_interval_s
+            now = time.monotonic()
+            if next_tick < now:  # fell behind (a slow send): carry on from now
+                next_tick = now
+            try:
+                async with asyncio.timeout(next_tick - now):
+                    await self._interval_changed.wait()
+            except TimeoutError:
+                continue
+            # The server set a new interval: start it now, not at the end of the old one.
+            self._interval_changed.clear()
+            next_tick = time.monotonic()
+
+    async def collect_once(self):
+        """Read everything once: events to the outbox (and out), a sample out."""
+        gpus = self._backend.read_gpus()
+        node = self._node_metrics.read()
+        for event in self._backend.take_events():
+            await self.emit(event)
+        ws = self._ws
+        if ws is not None:
+            frame = protocol.sample_frame(seq=self._seq, gpus=gpus, node=node)
+            self._seq += 1
+            await self._send(ws, frame)
+
+    async def emit(self, event):
+        """Keep an event in the outbox until acked, and send it now if connected."""
+        try:
+            protocol.encode(event)
+        except protocol.FrameError as exc:
+            log.error("event %s cannot be sent, dropped: %s", event.get("signature"), exc)
+            return
+        self._outbox.add(event)
+        log.info("event %s %s on %s", event["signature"], event["state"], event["gpu_uuid"])
+        ws = self._ws
+        if ws is not None:
+            await self._send(ws, event)
+
+    async def _send(self, ws, frame):
+        try:
+            text = protocol.encode(frame)
+        except protocol.FrameError as exc:
+            log.error("not sent: %s", exc)
+            return
+        try:
+            await ws.send(text)
+        except ConnectionClosed:
+            pass  # the connection loop sees it end and reconnects
+
+    # The connection
+
+    async def _connect_forever(self):
+        attempt = 0
+        while True:
+            self._welcomed_at = None
+            await self._connect_once()
+            if (
+                self._welcomed_at is not None
+                and time.monotonic() - self._welcomed_at >= self._stable_connection_s
+            ):
+                attempt = 0
+            delay = backoff_delay(attempt, self._rng, self._backoff_base_s, self._backoff_cap_s)
+            attempt += 1
+            log.info("reconnecting in %.1f s", delay)
+            await asyncio.sleep(delay)
+
+    def _token(self):
+        """(token, "node" or "join"): the stored node token wins over the join token,
+        unless the server refused it and there is a join token to fall back on."""
+        if self._node_token and not (self._node_token_refused and self._join_token):
+            return self._node_token, "node"
+        return self._join_token, "join"
+
+    async def _connect_once(self):
+        """One connection, from connect to close. Logs why it ended; never raises
+        (except when cancelled)."""
+        token, kind = self._token()
+        headers = {"Authorization": f"Bearer {token}"}
+        try:
+            async with connect(
+                self.server_url,
+                additional_headers=headers,
+                user_agent_header=f"clusterui-agent/{__version__}",
+                max_size=RECEIVE_MAX_BYTES,
+                close_timeout=5,
+            ) as ws:
+                try:
+                    await self._serve(ws)
+                except asyncio.CancelledError:  # the agent is stopping
+                    await ws.close(1001, "agent stopping")
+                    raise
+            self._log_close(ws.close_code, ws.close_reason, kind)
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+            if status in (401, 403):
+                self._token_refused(kind, f"HTTP {status} at the handshake")
+            else:
+                log.error("the server refused the WebSocket handshake: HTTP %d", status)
+        except (OSError, WebSocketException) as exc:
+            log.warning("cannot connect to %s: %s", self.server_url, str(exc) or type(exc).__name__)
+
+    async def _serve(self, ws):
+        """hello, welcome, resend the outbox, then answer the server until it closes."""
+        gpus = self._backend.gpus()
+        slurm = await asyncio.to_thread(host.slurm_status, self.node_name)
+        hello = protocol.hello_frame(
+            node=self.node_name,
+            boot_id=self.boot_id,
+            agent_version=__version__,
+            driver_version=self._backend.driver_version,
+            cuda_version=self._backend.cuda_version,
+            gpus=gpus,
+            slurm=slurm,
+        )
+        try:
+            await ws.send(protocol.encode(hello))
+            try:
+                async with asyncio.timeout(WELCOME_TIMEOUT_S):
+                    while True:
+                        frame = _parse(await ws.recv())
+                        if frame is not None:
+                            await self._handle(ws, frame)
+                            if frame["type"] == "welcome":
+                                break
+            except TimeoutError:
+                log.error("the server sent no welcome within %.0f s", WELCOME_TIMEOUT_S)
+                return
+
+            # Take the outbox and go live with no await in between: an event added
+            # from here on is sent by emit(), one added before is in `pending`.
+            pending = self._outbox.pending()
+            self._seq = 0
+            self._ws = ws
+            self._welcomed_at = time.monotonic()
+            log.info(
+                "connected to %s as %s with %d GPUs; resending %d unacked events",
+                self.server_url,
+                self.node_name,
+                len(gpus),
+                len(pending),
+            )
+            for event in pending:
+                await self._send(ws, event)
+
+            async for message in ws:
+                frame = _parse(message)
+                if frame is not None:
+                    await self._handle(ws, frame)
+        except ConnectionClosed:
+            pass
+        finally:
+            self._ws = None
+
+    def _log_close(self, code, reason, kind):
+        why = f"close {code}" + (f" {reason!r}" if reason else "")
+        if code == 4401:
+            self._token_refused(kind, why)
+        elif code == 4403:
+            log.error(
+                "the server refused node %s (%s): its node token names another node, or "
+                "re-joining is turned off for the cluster",
+                self.node_name,
+                why,
+            )
+        elif code == 4409:
+            log.warning(
+                "replaced by a newer connection for node %s (%s): is another agent "
+                "running with the same node name?",
+                self.node_name,
+                why,
+            )
+        elif code == 4400:
+            log.error("the server closed the connection after too many bad frames (%s)", why)
+        elif code == 1009:
+            log.error("the server closed the connection: a frame was too large (%s)", why)
+        else:
+            log.warning("connection to %s ended (%s)", self.server_url, why)
+
+    def _token_refused(self, kind, why):
+        if kind == "node" and self._join_token and not self._node_token_refused:
+            self._node_token_refused = True
+            log.error("the server refused the stored node token (%s); trying the join token", why)
+        elif kind == "node":
+            log.error(
+                "the server refused the stored node token (%s) and there is no join token "
+                "to fall back on; retrying with backoff (give a join token with --token)",
+                why,
+            )
+        else:
+            log.error(
+                "the server refused the join token (%s): unknown, expired or revoked; "
+                "retrying with backoff until an admin fixes it",
+                why,
+            )
+
+    # Frames from the server
+
+    async def _handle(self, ws, frame):
+        kind = frame["type"]
+        if kind == "welcome":
+            self._on_welcome(frame)
+        elif kind == "ack":
+            ids = frame.get("ids")
+            if isinstance(ids, list):
+                self._outbox.remove([i for i in ids if isinstance(i, str)])
+        elif kind == "config":
+            self._apply_sample_interval(frame.get("sample_interval_s"))
+            scripts = frame.get("startup_scripts")
+            if isinstance(scripts, list):
+                self.startup_scripts = scripts
+                log.info(
+                    "received %d startup scripts (kept; this agent version does not run them)",
+                    len(scripts),
+                )
+        elif kind == "error":
+            self._on_error(frame)
+        elif kind == "command":
+            await self._refuse_command(ws, frame)
+        elif kind == "run_check":
+            await self._refuse_check(ws, frame)
+        else:
+            log.warning("ignoring a frame of unknown type %r", kind)
+
+    def _on_welcome(self, frame):
+        node_token = frame.get("node_token")  # present only after a join
+        if isinstance(node_token, str) and node_token:
+            if node_token != self._node_token:
+                save_node_token(self._state_dir, node_token)
+                self._node_token = node_token
+                log.info("stored the node token issued by the server")
+            self._node_token_refused = False
+        self._apply_sample_interval(frame.get("sample_interval_s"))
+
+    def _apply_sample_interval(self, value):
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            log.warning("ignoring sample_interval_s %r from the server: not a number", value)
+        elif not MIN_SAMPLE_INTERVAL_S <= value <= MAX_SAMPLE_INTERVAL_S:
+            log.warning("ignoring sample_interval_s %r from the server: out of range", value)
+        elif value != self.sample_interval_s:
+            log.info("sample interval %g s (set by the server)", value)
+            self.sample_interval_s = float(value)
+            self._interval_changed.set()
+
+    def _on_error(self, frame):
+        log.warning("server error %s: %s", frame.get("code"), frame.get("message"))
+        event_id = frame.get("id")
+        if isinstance(event_id, str):
+            event = self._outbox.get(event_id)
+            if self._outbox.remove([event_id]):
+                log.error(
+                    "the server refused event %s (%s); dropped from the outbox, since "
+                    "resending it can never succeed",
+                    event_id,
+                    event.get("signature") if event else "?",
+                )
+
+    async def _refuse_command(self, ws, frame):
+        command_id = frame.get("id")
+        action = frame.get("action")
+        if command_id is None:
+            log.warning("ignoring a command without an id: %r", frame)
+            return
+        log.warning("command %s (%s) is not supported by this agent version", command_id, action)
+        await self._send(
+            ws,
+            protocol.command_result_frame(
+                command_id=command_id,
+                status="failed",
+                message=f"action {action} is not supported by this agent version",
+            ),
+        )
+
+    async def _refuse_check(self, ws, frame):
+        run_id = frame.get("run_id")
+        check = frame.get("check")
+        if run_id is None:
+            log.warning("ignoring a run_check without a run_id: %r", frame)
+            return
+        log.warning("check %s (run %s) is not available in this agent version", check, run_id)
+        await self._send(
+            ws,
+            protocol.check_result_frame(
+                run_id=run_id,
+                status="error",
+                message=f"check {check} is not available in this agent version",
+            ),
+        )
+
+
+def _parse(message):
+    """A server frame as a dict with a string `type`, or None (logged) if it is not one."""
+    if isinstance(message, bytes):
+        log.warning("ignoring a binary frame from the server")
+        return None
+    try:
+        frame = json.loads(message)
+    except ValueError:
+        log.warning("ignoring a frame that is not JSON: %.80r", message)
+        return None
+    if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
+        log.warning("ignoring a frame without a string type: %.80r", message)
+        return None
+    return frame

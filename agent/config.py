@@ -1,0 +1,131 @@
+"""The agent's settings: command-line options over a TOML file (--config) over defaults.
+
+The TOML file holds the same keys as the long options, with underscores:
+
+    server = "wss://clusterui.example.com/ws/agent/"
+    token = "..."
+    state_dir = "/var/lib/clusterui-agent"
+    node_name = "gpu-001"
+    sample_interval = 1.0
+"""
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+
+from agent import host
+from agent.inject import Fault, InjectSpecError, check_gpu_indexes, parse_inject
+
+DEFAULT_STATE_DIR = "/var/lib/clusterui-agent"
+DEFAULT_SAMPLE_INTERVAL_S = 1.0
+DEFAULT_SIMULATED_GPUS = 8
+MIN_SAMPLE_INTERVAL_S = 0.05
+MAX_SAMPLE_INTERVAL_S = 3600.0
+
+NODE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,63}")  # PROTOCOL.md, hello.node
+
+# key: (the types a TOML value may have, what to call them in an error)
+FILE_KEYS = {
+    "server": ((str,), "a string"),
+    "token": ((str,), "a string"),
+    "state_dir": ((str,), "a string"),
+    "node_name": ((str,), "a string"),
+    "sample_interval": ((int, float), "a number"),
+    "simulate": ((bool,), "true or false"),
+    "gpus": ((int,), "an integer"),
+    "inject": ((str, list), "a string or a list of strings"),
+    "verbose": ((bool,), "true or false"),
+}
+
+
+class ConfigError(ValueError):
+    """A setting that is missing or wrong; the message names it."""
+
+
+@dataclass
+class Config:
+    server: str | None = None
+    token: str | None = None  # the join token (a stored node token wins over it)
+    state_dir: str = DEFAULT_STATE_DIR
+    node_name: str = ""
+    sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S
+    simulate: bool = False
+    gpus: int = DEFAULT_SIMULATED_GPUS
+    inject: list[Fault] = field(default_factory=list)
+    print_once: bool = False
+    verbose: bool = False
+
+
+def read_config_file(path):
+    """The settings in a TOML file, checked against FILE_KEYS."""
+    try:
+        with open(path, "rb") as f:
+            values = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the config file {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    for key, value in values.items():
+        if key not in FILE_KEYS:
+            raise ConfigError(f"{path}: unknown key {key!r} (known: {', '.join(FILE_KEYS)})")
+        allowed, described = FILE_KEYS[key]
+        # TOML booleans are not numbers here, though Python's bool is an int.
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise ConfigError(f"{path}: {key} must be {described}, not {value!r}")
+    return values
+
+
+def build_config(options, file_values=None):
+    """options: the command line's values (None where not given); file_values: the
+    config file's. The command line wins."""
+    values = dict(file_values or {})
+    values.update({key: value for key, value in options.items() if value is not None})
+
+    config = Config(
+        server=values.get("server"),
+        token=values.get("token") or None,
+        state_dir=values.get("state_dir", DEFAULT_STATE_DIR),
+        node_name=values.get("node_name") or host.short_hostname(),
+        sample_interval_s=float(values.get("sample_interval", DEFAULT_SAMPLE_INTERVAL_S)),
+        simulate=bool(values.get("simulate", False)),
+        gpus=values.get("gpus", DEFAULT_SIMULATED_GPUS),
+        print_once=bool(values.get("print_once", False)),
+        verbose=bool(values.get("verbose", False)),
+    )
+
+    if not NODE_NAME.fullmatch(config.node_name):
+        raise ConfigError(
+            f"node name {config.node_name!r} is not 1-63 letters, digits, '-', '_' or '.'"
+        )
+    if not MIN_SAMPLE_INTERVAL_S <= config.sample_interval_s <= MAX_SAMPLE_INTERVAL_S:
+        raise ConfigError(
+            f"sample interval {config.sample_interval_s:g} s is outside "
+            f"{MIN_SAMPLE_INTERVAL_S:g}-{MAX_SAMPLE_INTERVAL_S:g} s"
+        )
+    if not config.print_once:
+        if not config.server:
+            raise ConfigError(
+                "no server: give --server wss://HOST/ws/agent/ (or server in --config)"
+            )
+        if not config.server.startswith(("ws://", "wss://")):
+            raise ConfigError(f"server {config.server!r} must start with ws:// or wss://")
+
+    if "gpus" in values and not config.simulate:
+        raise ConfigError("--gpus only applies with --simulate (real GPUs are counted)")
+    if not 1 <= config.gpus <= 64:
+        raise ConfigError(f"--gpus {config.gpus}: a simulated node has 1 to 64 GPUs")
+
+    inject = values.get("inject", [])
+    if isinstance(inject, str):
+        inject = [inject]
+    if not all(isinstance(spec, str) for spec in inject):
+        raise ConfigError(f"inject must be a string or a list of strings, not {inject!r}")
+    if inject and not config.simulate:
+        raise ConfigError("--inject only applies with --simulate")
+    try:
+        for spec in inject:
+            config.inject.extend(parse_inject(spec))
+        check_gpu_indexes(config.inject, config.gpus)
+    except InjectSpecError as exc:
+        raise ConfigError(str(exc)) from exc
+    return config

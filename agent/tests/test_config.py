@@ -1,0 +1,151 @@
+import pytest
+
+from agent import cli, host
+from agent.config import Config, ConfigError, build_config, read_config_file
+from agent.inject import Fault
+
+SERVER = "wss://clusterui.example.com/ws/agent/"
+
+
+def options(**given):
+    """The command line's values, as cli.main passes them: None where not given."""
+    names = (
+        "server",
+        "token",
+        "state_dir",
+        "node_name",
+        "sample_interval",
+        "simulate",
+        "gpus",
+        "inject",
+        "print_once",
+        "verbose",
+    )
+    values = dict.fromkeys(names)
+    values.update(given)
+    return values
+
+
+def write(tmp_path, text):
+    path = tmp_path / "agent.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults(monkeypatch):
+    monkeypatch.setattr(host.socket, "gethostname", lambda: "gpu-017.cluster.example.com")
+
+    config = build_config(options(server=SERVER, token="join-1"))
+
+    assert config == Config(server=SERVER, token="join-1", node_name="gpu-017")
+    assert config.state_dir == "/var/lib/clusterui-agent"
+    assert config.sample_interval_s == 1.0
+
+
+def test_the_file_gives_every_key_and_the_command_line_wins(tmp_path):
+    path = write(
+        tmp_path,
+        f'server = "{SERVER}"\n'
+        'token = "join-from-file"\n'
+        'state_dir = "/srv/agent"\n'
+        'node_name = "gpu-001"\n'
+        "sample_interval = 2\n"
+        "simulate = true\n"
+        "gpus = 4\n"
+        'inject = ["xid:79@30s", "thermal@60s:gpu3"]\n'
+        "verbose = true\n",
+    )
+
+    from_file = build_config(options(), read_config_file(path))
+    overridden = build_config(
+        options(token="join-from-cli", node_name="gpu-002"), read_config_file(path)
+    )
+
+    assert from_file == Config(
+        server=SERVER,
+        token="join-from-file",
+        state_dir="/srv/agent",
+        node_name="gpu-001",
+        sample_interval_s=2.0,
+        simulate=True,
+        gpus=4,
+        inject=[Fault("xid", 30.0, xid=79), Fault("thermal", 60.0, gpu=3)],
+        verbose=True,
+    )
+    assert (overridden.token, overridden.node_name, overridden.state_dir) == (
+        "join-from-cli",
+        "gpu-002",
+        "/srv/agent",
+    )
+
+
+def test_the_example_config_is_valid():
+    path = cli.__file__.replace("cli.py", "agent.example.toml")
+
+    config = build_config(options(), read_config_file(path))
+
+    assert config.server.startswith("wss://")
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ('servre = "wss://x/"\n', "unknown key 'servre'"),
+        ("gpus = 8.5\n", "gpus must be an integer"),
+        ('simulate = "yes"\n', "simulate must be true or false"),
+        ("sample_interval = true\n", "sample_interval must be a number"),
+        ("server = \n", "not valid TOML"),
+    ],
+)
+def test_a_bad_file_is_a_clear_error(tmp_path, text, words):
+    with pytest.raises(ConfigError, match=words):
+        read_config_file(write(tmp_path, text))
+
+
+def test_a_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read the config file"):
+        read_config_file(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize(
+    "given, words",
+    [
+        ({}, "no server"),
+        ({"server": "https://x/ws/agent/"}, "must start with ws:// or wss://"),
+        ({"server": SERVER, "node_name": "gpu 001"}, "node name 'gpu 001'"),
+        ({"server": SERVER, "node_name": "n" * 64}, "is not 1-63"),
+        ({"server": SERVER, "sample_interval": 0}, "outside"),
+        ({"server": SERVER, "gpus": 4}, "--gpus only applies with --simulate"),
+        ({"server": SERVER, "inject": ["xid:79@1s"]}, "--inject only applies with --simulate"),
+        ({"server": SERVER, "simulate": True, "gpus": 0}, "1 to 64 GPUs"),
+        ({"server": SERVER, "simulate": True, "inject": ["xid:79"]}, "bad --inject item"),
+        (
+            {"server": SERVER, "simulate": True, "gpus": 2, "inject": ["xid:79@1s:gpu2"]},
+            "has 2 GPUs",
+        ),
+    ],
+)
+def test_bad_settings_are_clear_errors(given, words):
+    with pytest.raises(ConfigError, match=words):
+        build_config(options(**{"node_name": "gpu-001", **given}))
+
+
+def test_print_once_needs_no_server():
+    assert build_config(options(print_once=True, node_name="gpu-001")).server is None
+
+
+def test_a_bad_inject_on_the_command_line_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--print-once", "--simulate", "--inject", "xid:79@soon"])
+
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m agent")
+    assert "error: bad --inject item 'xid:79@soon'" in err
+
+
+def test_no_token_at_all_is_a_clear_error(tmp_path, capsys):
+    code = cli.main(["--server", SERVER, "--simulate", "--state-dir", str(tmp_path)])
+
+    assert code == 2
+    assert "no token: give a join token with --token" in capsys.readouterr().err
