@@ -1,0 +1,167 @@
+"""How much CPU the node agent uses: the real agent process (`python -m agent
+--simulate`, 8 GPUs, one sample a second) against a local sink server, for N seconds.
+
+    .venv/bin/python bench/agent_cpu.py [--seconds 60] [--gpus 8]
+
+Prints the agent process's CPU time as a percent of one core (target: under 0.5 %),
+the samples the sink received, and the time one sample takes to collect and encode
+(measured in this process on the same code). The sink runs in this process and is not
+counted."""
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+from websockets.asyncio.server import serve
+from websockets.exceptions import ConnectionClosed
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from agent import protocol  # noqa: E402
+from agent.backends.simulated import SimulatedBackend  # noqa: E402
+from agent.node_metrics import NodeMetrics  # noqa: E402
+
+WARM_UP_S = 5.0  # imports and the first connection are not what we measure
+TARGET_PCT = 0.5
+
+
+class Sink:
+    """Answers hello with welcome and config, acks events, counts samples."""
+
+    def __init__(self):
+        self.samples = 0
+        self.bytes = 0
+
+    async def handle(self, ws):
+        try:
+            await self.read(ws)
+        except ConnectionClosed:
+            pass
+
+    async def read(self, ws):
+        async for message in ws:
+            frame = json.loads(message)
+            if frame["type"] == "sample":
+                self.samples += 1
+                self.bytes += len(message)
+            elif frame["type"] == "hello":
+                await ws.send(
+                    json.dumps(
+                        {
+                            "type": "welcome",
+                            "node_id": 1,
+                            "node_token": "bench-node-token",
+                            "sample_interval_s": 1.0,
+                        }
+                    )
+                )
+                await ws.send(
+                    json.dumps({"type": "config", "sample_interval_s": 1.0, "startup_scripts": []})
+                )
+            elif frame["type"] == "event":
+                await ws.send(json.dumps({"type": "ack", "ids": [frame["id"]]}))
+
+
+async def measure_agent(seconds, gpus):
+    sink = Sink()
+    async with serve(sink.handle, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        with tempfile.TemporaryDirectory() as state_dir:
+            agent = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "agent",
+                    "--server",
+                    f"ws://127.0.0.1:{port}/ws/agent/",
+                    "--token",
+                    "bench-join-token",
+                    "--simulate",
+                    "--gpus",
+                    str(gpus),
+                    "--node-name",
+                    "bench-node",
+                    "--state-dir",
+                    state_dir,
+                ],
+                cwd=REPO,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                process = psutil.Process(agent.pid)
+                await asyncio.sleep(WARM_UP_S)
+                if agent.poll() is not None:
+                    sys.exit(f"the agent exited early with code {agent.returncode}")
+                cpu_before = _cpu_seconds(process)
+                samples_before = sink.samples
+                started = time.monotonic()
+                await asyncio.sleep(seconds)
+                wall = time.monotonic() - started
+                cpu = _cpu_seconds(process) - cpu_before
+                samples = sink.samples - samples_before
+                rss = process.memory_info().rss
+            finally:
+                agent.terminate()
+                agent.wait(timeout=10)
+    return cpu, wall, samples, sink.bytes / max(sink.samples, 1), rss
+
+
+def _cpu_seconds(process):
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def measure_collection(gpus, rounds=2000):
+    """Seconds to collect and encode one sample: what the agent does every second."""
+    backend = SimulatedBackend("bench-node", gpu_count=gpus)
+    node_metrics = NodeMetrics()
+    durations = []
+    for seq in range(rounds):
+        started = time.perf_counter()
+        frame = protocol.sample_frame(seq=seq, gpus=backend.read_gpus(), node=node_metrics.read())
+        protocol.encode(frame)
+        durations.append(time.perf_counter() - started)
+    durations.sort()
+    return statistics.median(durations), durations[int(len(durations) * 0.99)]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--gpus", type=int, default=8)
+    args = parser.parse_args()
+
+    cores = f"{os.cpu_count()} cores ({psutil.cpu_count(logical=False)} physical)"
+    print(f"machine: {cores}, {sys.platform}")
+    print(
+        f"agent: --simulate --gpus {args.gpus}, 1 sample/s, {args.seconds:g} s measured "
+        f"after {WARM_UP_S:g} s warm-up"
+    )
+    cpu, wall, samples, sample_bytes, rss = asyncio.run(measure_agent(args.seconds, args.gpus))
+    median, p99 = measure_collection(args.gpus)
+    percent = 100 * cpu / wall
+
+    print(f"samples received: {samples} in {wall:.1f} s ({sample_bytes:.0f} bytes each)")
+    tick_pct = 100 / os.sysconf("SC_CLK_TCK") / wall  # the kernel counts CPU time in ticks
+    print(
+        f"agent CPU: {cpu:.3f} s in {wall:.1f} s = {percent:.3f} % of one core "
+        f"(+-{tick_pct:.3f} %; target < {TARGET_PCT} %)"
+    )
+    print(f"agent memory: {rss / 2**20:.1f} MiB resident")
+    print(f"collect + encode one sample: median {median * 1e6:.0f} us, p99 {p99 * 1e6:.0f} us")
+    print("PASS" if percent < TARGET_PCT else "FAIL: over target")
+    return 0 if percent < TARGET_PCT else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
