@@ -3,7 +3,9 @@
 The publisher writes last_seen once a second for every node heard from. A node that said
 hello and has been silent for CLUSTERUI_HEARTBEAT_INTERVALS sample intervals gets an open
 `heartbeat_lost` event (unhealthy, or still paused); when it is heard from again, the event
-closes.
+closes. Silence is judged only while the publisher runs, and only once agents have had
+time to reconnect after it started (their backoff is capped at 30 s): while the console
+itself was down, nothing was listening.
 """
 
 from datetime import timedelta
@@ -14,14 +16,23 @@ from django.utils import timezone
 from healthchecks.models import HealthEvent
 from healthchecks.services import do_close_health_event, do_record_health_event
 
-from .models import Node
+from .models import Node, PublisherStatus
 
 SIGNATURE = "heartbeat_lost"
+PUBLISHER_SILENT_AFTER = timedelta(seconds=5)
+RECONNECT_GRACE = timedelta(seconds=30)
 
 
 def silence_limit():
     return timedelta(seconds=settings.CLUSTERUI_SAMPLE_INTERVAL_S
                      * settings.CLUSTERUI_HEARTBEAT_INTERVALS)
+
+
+def listening(now):
+    """Whether silence means anything now: the publisher runs and agents had time to reconnect."""
+    status = PublisherStatus.objects.first()
+    return (status is not None and now - status.seen_at <= PUBLISHER_SILENT_AFTER
+            and now - status.started_at >= RECONNECT_GRACE + silence_limit())
 
 
 def sweep_heartbeats(now=None):
@@ -32,6 +43,8 @@ def sweep_heartbeats(now=None):
         Node.objects.filter(last_hello_at__isnull=False, last_seen__lt=cutoff)
         .exclude(pk__in=lost_open.values("node_id"))
     )
+    if not listening(now):
+        silent = silent.none()
     opened = 0
     for node in silent:
         do_record_health_event(

@@ -207,3 +207,17 @@ class NodeRollup(models.Model):
             models.UniqueConstraint(fields=["node", "minute"], name="one_node_rollup_per_minute")
         ]
         indexes = [models.Index(fields=["minute"])]
+
+
+class PublisherStatus(models.Model):
+    """When the live publisher (the one that writes last_seen) started and last ran.
+
+    Heartbeats are judged only while it runs, and not before agents had time to reconnect
+    after it started: a console that was down says nothing about its nodes.
+    """
+
+    started_at = models.DateTimeField()
+    seen_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name_plural = "publisher status"

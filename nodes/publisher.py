@@ -25,7 +25,7 @@ from clusterui.models import Cluster
 
 from .choices import NodeState
 from .live import get_live_store
-from .models import Node, NodeTransition
+from .models import Node, NodeTransition, PublisherStatus
 from .rollups import RollupAccumulator, fresh_entries, summarize_usage, write_rollups
 
 logger = logging.getLogger(__name__)
@@ -59,9 +59,15 @@ def read_cluster_facts():
     return clusters
 
 
-def mark_seen(seen):
-    """seen: {node_id: unix time of its latest frame}. One UPDATE per distinct second."""
+def record_tick(seen, now, *, just_started):
+    """The publisher ran at `now`; seen: {node_id: unix time of its latest frame}.
+
+    One UPDATE of last_seen per distinct second, and one of the publisher's status.
+    """
     close_old_connections()
+    if just_started or not PublisherStatus.objects.filter(pk=1).update(seen_at=now):
+        PublisherStatus.objects.update_or_create(pk=1, defaults={"started_at": now,
+                                                                 "seen_at": now})
     by_time = {}
     for node_id, received_at in seen.items():
         by_time.setdefault(int(received_at), []).append(node_id)
@@ -91,6 +97,7 @@ class Publisher:
         self.channel_layer = channel_layer or get_channel_layer()
         self.rollups = RollupAccumulator()
         self.seen_written = {}
+        self.leading = False
         self.identity = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
     async def run(self):
@@ -100,8 +107,10 @@ class Publisher:
                 await self.store.flush()
                 if time.monotonic() >= next_publish:
                     next_publish += PUBLISH_EVERY_S
-                    if await self.holds_lease():
-                        await self.publish_once()
+                    leads = await self.holds_lease()
+                    if leads:
+                        await self.publish_once(just_started=not self.leading)
+                    self.leading = leads
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -121,7 +130,7 @@ class Publisher:
             return True
         return False
 
-    async def publish_once(self, now=None):
+    async def publish_once(self, now=None, just_started=False):
         now = now or datetime.now(tz=dt_timezone.utc)
         now_ts = now.timestamp()
         clusters = await sync_to_async(read_cluster_facts, thread_sensitive=False)()
@@ -138,9 +147,9 @@ class Publisher:
             for entry in entries:
                 if entry["received_at"] > self.seen_written.get(entry["node_id"], 0):
                     seen[entry["node_id"]] = entry["received_at"]
-        if seen:
-            await sync_to_async(mark_seen, thread_sensitive=False)(seen)
-            self.seen_written.update(seen)
+        await sync_to_async(record_tick, thread_sensitive=False)(seen, now,
+                                                                 just_started=just_started)
+        self.seen_written.update(seen)
         return clusters
 
 

@@ -15,7 +15,7 @@ from healthchecks.models import HealthEvent
 from nodes.choices import NodeState
 from nodes.heartbeats import sweep_heartbeats
 from nodes.live import MemoryLiveStore, live_entry
-from nodes.models import ClusterRollup, Node, NodeRollup
+from nodes.models import ClusterRollup, Node, NodeRollup, PublisherStatus
 from nodes.publisher import Publisher, cluster_group
 from nodes.rollups import prune_rollups
 
@@ -71,6 +71,8 @@ async def test_the_publisher_sends_one_summary_per_cluster_from_the_live_store(c
     stale_seen = await database_sync_to_async(Node.objects.get)(pk=stale.pk)
     assert abs(a_seen.last_seen.timestamp() - (now.timestamp() - 0.5)) < 1.0
     assert stale_seen.last_seen is None  # a stale entry is not news
+    status = await database_sync_to_async(PublisherStatus.objects.get)()
+    assert status.seen_at == now
 
 
 @pytest.mark.asyncio
@@ -107,11 +109,18 @@ def test_old_rollups_are_pruned(cluster, settings):
     assert ClusterRollup.objects.count() == 1
 
 
+def publisher_ran(started_ago, last_ran_ago, now):
+    PublisherStatus.objects.update_or_create(pk=1, defaults={
+        "started_at": now - timedelta(seconds=started_ago),
+        "seen_at": now - timedelta(seconds=last_ran_ago)})
+
+
 @pytest.mark.django_db
 def test_a_silent_node_loses_its_heartbeat_and_gets_it_back(cluster, settings):
     settings.CLUSTERUI_SAMPLE_INTERVAL_S = 1.0
     settings.CLUSTERUI_HEARTBEAT_INTERVALS = 3
     now = timezone.now()
+    publisher_ran(started_ago=3600, last_ran_ago=0, now=now)
     node = NodeFactory(cluster=cluster, state=NodeState.HEALTHY, last_seen=now - timedelta(seconds=2))
     never = NodeFactory(cluster=cluster, state=NodeState.PENDING, last_hello_at=None,
                         last_seen=None)
@@ -131,9 +140,24 @@ def test_a_silent_node_loses_its_heartbeat_and_gets_it_back(cluster, settings):
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("started_ago, last_ran_ago", [
+    (3600, 30),  # the console (its publisher) is down: nobody was listening
+    (10, 0),  # it just started: agents are still reconnecting
+])
+def test_silence_is_not_judged_while_nobody_listened(cluster, started_ago, last_ran_ago):
+    now = timezone.now()
+    publisher_ran(started_ago, last_ran_ago, now)
+    node = NodeFactory(cluster=cluster, last_seen=now - timedelta(minutes=5))
+    assert sweep_heartbeats(now=now) == (0, 0)
+    node.refresh_from_db()
+    assert node.state == NodeState.HEALTHY
+
+
+@pytest.mark.django_db
 def test_a_paused_node_records_a_lost_heartbeat_but_stays_paused(cluster, operator):
     from nodes.services import do_pause_node
 
+    publisher_ran(started_ago=3600, last_ran_ago=0, now=timezone.now())
     node = NodeFactory(cluster=cluster, last_seen=timezone.now() - timedelta(minutes=5))
     do_pause_node(node, actor=operator, reason="maintenance")
     sweep_heartbeats()
