@@ -41,6 +41,7 @@ def event(signature="xid:79", **extra):
 @pytest.fixture(autouse=True)
 def in_memory_channel_layer(settings):
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    settings.CLUSTERUI_PUBLISHER = False  # tested on its own in test_live.py
 
 
 @pytest.fixture
