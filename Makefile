@@ -6,10 +6,11 @@ PY := $(VENV)/bin/python
 
 .PHONY: demo test lint clean
 
-$(VENV)/.installed: requirements.txt
+# The server and the agent (the demo runs a simulated fleet of real agents).
+$(VENV)/.installed: requirements.txt agent/requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet -r requirements.txt -r agent/requirements.txt
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
