@@ -36,9 +36,21 @@ from nodes.models import ClusterRollup, Node, NodeTransition
 from nodes.services import do_pause_node, do_record_hello, do_register_node, do_resume_node
 from nodes.states import boot_window, refresh_due_node_states
 
+from agent.backends.simulated import SimulatedBackend
+from agent.fleet import INJECT_FILE
+from agent.host import SIMULATED_BOOT_ID_FILE
+from agent.node_token import save_node_token
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "h200"
 CLUSTER_SLUG = "demo"
 NODE_COUNT = 64
+GPUS_PER_NODE = 8
+# Faults the live demo fleet injects a while after `make demo` starts, on nodes that are
+# healthy at the end of the seeded day (the day's script leaves them out).
+FLEET_FAULTS = {
+    "gpu-012": "xid:79@90s:gpu3",
+    "gpu-040": "thermal@45s+60s:gpu5",
+}
 AGENT_VERSION = "1.0.0"
 RANDOM_SEED = 20250817
 HISTORY = timedelta(hours=24)
@@ -46,12 +58,6 @@ ROLLUP_MINUTES = 60
 
 # username, role: the password is the username (embedded mode only).
 ACCOUNTS = (("demo", Role.OPERATOR), ("admin", Role.ADMIN))
-
-# The simulated agent's GPU identities (agent/backends/simulated.py), so that its hello matches
-# the seeded inventory when a simulated fleet connects: uuid5 of "<node>/<index>" in this
-# namespace, and PCI bus ids that follow the fixture's H200 (00000000:00:06.0) on its bus.
-GPU_UUID_NAMESPACE = uuid.UUID("6f1c3d2e-8a4b-5c6d-9e7f-0a1b2c3d4e5f")
-
 
 # Xid codes used by the script, with NVIDIA's catalog meaning (shared/data/xid_catalog.tsv,
 # "description"), the severity DESIGN.md's bucket table gives them, and the NVRM line's tail.
@@ -112,17 +118,8 @@ def node_names():
     return [f"gpu-{i:03d}" for i in range(1, NODE_COUNT + 1)]
 
 
-def gpu_uuid(node_name, index):
-    return f"GPU-{uuid.uuid5(GPU_UUID_NAMESPACE, f'{node_name}/{index}')}"
-
-
 def pci_device(index):
     return int(snapshot()["devices"][0]["pci"]["device"]) + index
-
-
-def pci_bus_id(index):
-    # NVML's busId format, as in the fixture ("00000000:00:06.0").
-    return f"00000000:00:{pci_device(index):02X}.0"
 
 
 def kmsg_pci(index):
@@ -131,17 +128,8 @@ def kmsg_pci(index):
 
 
 def hello_gpus(node_name):
-    facts = gpu_facts()
-    return [
-        {
-            "index": i,
-            "uuid": gpu_uuid(node_name, i),
-            "name": facts["name"],
-            "pci_bus_id": pci_bus_id(i),
-            "memory_total_bytes": facts["memory_total_bytes"],
-        }
-        for i in range(8)
-    ]
+    """The GPUs the demo fleet's simulated agent reports, so its hello matches the seed."""
+    return SimulatedBackend(node_name, gpu_count=GPUS_PER_NODE).gpus()
 
 
 # --- accounts ------------------------------------------------------------------------------
@@ -295,7 +283,7 @@ def write_script(script):
         script.register(name, start + seconds(2 * i))
         script.hello(name, start + seconds(90 + 2 * i + rng.uniform(0, 1.5)), reboot=True)
 
-    cast = rng.sample(names, 6 + 14)
+    cast = rng.sample([n for n in names if n not in FLEET_FAULTS], 6 + 14)
     ending, history = cast[:6], iter(cast[6:])
     gpu = lambda: rng.randrange(8)  # noqa: E731
     day = lambda: start + minutes(rng.uniform(40, 24 * 60 - 90))  # noqa: E731
@@ -371,7 +359,10 @@ def usage_rollups(cluster, script, rng):
     names = node_names()
     # The 60 complete minutes before now; the minute under way is the live rollup writer's.
     last = script.now.replace(second=0, microsecond=0) - timedelta(minutes=1)
-    share = 0.69
+    # The live fleet replays the trace on every GPU, so the seeded hour runs the same share
+    # of load as the trace does, drifting a little minute to minute.
+    usual = len(busy) / len(samples)
+    share = usual
     rows = []
     for m in range(ROLLUP_MINUTES - 1, -1, -1):
         minute = last - timedelta(minutes=m)
@@ -380,8 +371,8 @@ def usage_rollups(cluster, script, rng):
             if t0 <= minute + timedelta(seconds=59) and minute <= t1:
                 off[name] = max(off.get(name, 0), gpus)
         paused = {name for name, t0, t1 in script.paused if t0 <= minute <= t1}
-        # A busy fleet: about 69 % of the nodes run jobs, drifting a little minute to minute.
-        share = min(0.76, max(0.62, share + 0.2 * (0.69 - share) + rng.gauss(0, 0.02)))
+        share = min(usual + 0.07, max(usual - 0.07, share + 0.2 * (usual - share)
+                                      + rng.gauss(0, 0.02)))
         schedulable = [n for n in names if n not in paused and off.get(n, 0) < 8]
         loaded = set(rng.sample(schedulable, round(share * len(schedulable))))
         util = mem = reporting = 0
@@ -473,3 +464,22 @@ def seed(*, reset=False, now=None):
     script.run()
     usage_rollups(cluster, script, rng)
     return summarize(Result(cluster, True, users))
+
+
+def prepare_fleet(fleet_dir):
+    """Give each demo node's simulated agent its state dir: a fresh node token, the node's
+    seeded boot id (connecting is then not a reboot) and its scheduled faults."""
+    from nodes.services import do_issue_node_token
+
+    cluster = Cluster.objects.get(slug=CLUSTER_SLUG)
+    for node in Node.objects.filter(cluster=cluster):
+        state_dir = Path(fleet_dir) / node.name
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        save_node_token(str(state_dir), do_issue_node_token(node))
+        (state_dir / SIMULATED_BOOT_ID_FILE).write_text(node.boot_id + "\n")
+        inject = state_dir / INJECT_FILE
+        if node.name in FLEET_FAULTS:
+            inject.write_text(FLEET_FAULTS[node.name] + "\n")
+        else:
+            inject.unlink(missing_ok=True)
+    return cluster.nodes.count()

@@ -3,9 +3,9 @@
 The publisher writes last_seen once a second for every node heard from. A node that said
 hello and has been silent for CLUSTERUI_HEARTBEAT_INTERVALS sample intervals gets an open
 `heartbeat_lost` event (unhealthy, or still paused); when it is heard from again, the event
-closes. Silence is judged only while the publisher runs, and only once agents have had
-time to reconnect after it started (their backoff is capped at 30 s): while the console
-itself was down, nothing was listening.
+closes. Silence is measured up to the publisher's last tick (a console that stopped
+listening says nothing about its nodes), and only once agents have had time to reconnect
+after it started (their backoff is capped at 30 s).
 """
 
 from datetime import timedelta
@@ -19,7 +19,6 @@ from healthchecks.services import do_close_health_event, do_record_health_event
 from .models import Node, PublisherStatus
 
 SIGNATURE = "heartbeat_lost"
-PUBLISHER_SILENT_AFTER = timedelta(seconds=5)
 RECONNECT_GRACE = timedelta(seconds=30)
 
 
@@ -28,23 +27,26 @@ def silence_limit():
                      * settings.CLUSTERUI_HEARTBEAT_INTERVALS)
 
 
-def listening(now):
-    """Whether silence means anything now: the publisher runs and agents had time to reconnect."""
+def listened_until(now):
+    """Up to when silence means something: the publisher's last tick, once agents had time
+    to reconnect after it started. None while that is not yet the case."""
     status = PublisherStatus.objects.first()
-    return (status is not None and now - status.seen_at <= PUBLISHER_SILENT_AFTER
-            and now - status.started_at >= RECONNECT_GRACE + silence_limit())
+    if status is None or now - status.started_at < RECONNECT_GRACE + silence_limit():
+        return None
+    return min(now, status.seen_at)
 
 
 def sweep_heartbeats(now=None):
     now = now or timezone.now()
-    cutoff = now - silence_limit()
+    until = listened_until(now)
+    if until is None:
+        return 0, 0
+    cutoff = until - silence_limit()
     lost_open = HealthEvent.objects.open().filter(signature=SIGNATURE)
     silent = (
         Node.objects.filter(last_hello_at__isnull=False, last_seen__lt=cutoff)
         .exclude(pk__in=lost_open.values("node_id"))
     )
-    if not listening(now):
-        silent = silent.none()
     opened = 0
     for node in silent:
         do_record_health_event(

@@ -7,7 +7,8 @@
 # Migrates the SQLite database, seeds the cluster "demo" and the accounts demo/demo
 # (operator) and admin/admin (admin), then runs, as children of this script, a Celery
 # worker and Celery beat (broker: settings.CELERY_BROKER_URL, a SQLite file under var/) and
-# daphne on http://127.0.0.1:8000. Ctrl-C (or TERM) stops every child and waits for it; if
+# daphne on http://127.0.0.1:8000, and the simulated fleet (python -m agent.fleet: 64 real
+# agents on simulated H200s, state under var/fleet). Ctrl-C (or TERM) stops every child and waits for it; if
 # one child dies, the others are stopped and the script exits non-zero. Safe to re-run.
 set -euo pipefail
 
@@ -44,7 +45,8 @@ mkdir -p staticfiles  # STATIC_ROOT: files come from the finders here; whitenois
 log "migrating the database ($DATA_DIR/clusterui.sqlite3)"
 "$PY" manage.py migrate --no-input -v 0
 log "seeding the demo cluster"
-"$PY" manage.py seed_demo ${DEMO_RESET:+--reset}
+FLEET_DIR="$DATA_DIR/fleet"
+"$PY" manage.py seed_demo ${DEMO_RESET:+--reset} --fleet-dir "$FLEET_DIR"
 
 # --- children --------------------------------------------------------------------------------
 # Each child runs in its own process group, so the terminal's Ctrl-C reaches only this script,
@@ -109,8 +111,8 @@ trap 'stop_all 130' INT
 trap 'stop_all 143' TERM
 trap '[ "$stopping" -eq 1 ] || [ "${#pids[@]}" -eq 0 ] || stop_all 1' EXIT
 
-start worker "$PY" -m celery -A clusterui worker --loglevel=INFO --concurrency=1
-start beat "$PY" -m celery -A clusterui beat --loglevel=INFO \
+start worker "$PY" -m celery -A clusterui worker --loglevel=WARNING --concurrency=1
+start beat "$PY" -m celery -A clusterui beat --loglevel=WARNING \
     --schedule "$DATA_DIR/celerybeat-schedule"
 start daphne "$PY" -m daphne -b "$HOST" -p "$PORT" clusterui.asgi:application
 
@@ -120,6 +122,10 @@ for _ in $(seq 1 60); do
     sleep 0.5
 done
 
+# The simulated fleet: one real agent per demo node (simulated H200s), in one process.
+start fleet "$PY" -m agent.fleet --server "ws://$HOST:$PORT/ws/agent/" --state-dir "$FLEET_DIR" \
+    --names 'gpu-{:03d}' --count 64
+
 if port_open; then
     cat <<EOF
 
@@ -128,7 +134,9 @@ if port_open; then
     sign in as  demo  / demo    (operator)
              or admin / admin   (admin)
 
-    Ctrl-C stops the console, the Celery worker and beat.
+    64 simulated agents report live; in a minute or two gpu-040 throttles (thermal)
+    and gpu-012 loses GPU 3 (Xid 79).
+    Ctrl-C stops the console, the agents, the Celery worker and beat.
 
 EOF
 fi

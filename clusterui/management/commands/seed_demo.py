@@ -19,15 +19,21 @@ class Command(BaseCommand):
             help="delete the existing 'demo' cluster (its nodes, history and usage) and rebuild it",
         )
         parser.add_argument(
+            "--fleet-dir", metavar="DIR",
+            help="also prepare the state dirs of the simulated agents (python -m agent.fleet)",
+        )
+        parser.add_argument(
             "--dry-run", action="store_true",
             help="do everything in a transaction, report, and roll it back",
         )
 
-    def handle(self, *args, reset=False, dry_run=False, **options):
+    def handle(self, *args, reset=False, dry_run=False, fleet_dir=None, **options):
         started = time.monotonic()
         try:
             with transaction.atomic():
                 result = demo.seed(reset=reset)
+                if fleet_dir and not dry_run:
+                    demo.prepare_fleet(fleet_dir)
                 if dry_run:
                     transaction.set_rollback(True)
         except demo.NotEmbedded as exc:

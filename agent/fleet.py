@@ -1,0 +1,138 @@
+"""`python -m agent.fleet`: many simulated nodes in one process, for demos and load tests.
+
+Each node is a full AgentClient (hello, samples, durable events, tokens, backoff) on the
+simulated backend, with its own state dir under --state-dir:
+
+    <state-dir>/<node>/node_token          the node's token (a join token is used without)
+    <state-dir>/<node>/simulated_boot_id   its boot id (delete it to simulate a reboot)
+    <state-dir>/<node>/inject              optional: --inject specs, one per line
+    <state-dir>/<node>/outbox.sqlite3      its unacked events
+
+    python -m agent.fleet --server ws://127.0.0.1:8000/ws/agent/ --state-dir var/fleet \\
+        --names 'gpu-{:03d}' --count 64 [--token JOIN_TOKEN]
+"""
+
+import argparse
+import asyncio
+import logging
+import math
+import os
+import signal
+import sys
+import time
+import zlib
+
+from agent import host
+from agent.backends.simulated import SimulatedBackend
+from agent.client import AgentClient
+from agent.inject import InjectSpecError, check_gpu_indexes, parse_inject
+from agent.node_token import read_node_token
+from agent.outbox import Outbox
+
+log = logging.getLogger("agent.fleet")
+
+INJECT_FILE = "inject"
+OUTBOX_FILE = "outbox.sqlite3"
+# A simulated node's host: 2 TiB of memory, and training traffic that follows its GPUs.
+HOST_MEMORY_BYTES = 2 * 2**40
+PEAK_NET_BPS = 0.6e9  # per direction, bytes per second (4.8 Gb/s), with every GPU busy
+
+
+class SimulatedNodeMetrics:
+    """CPU, memory and network of a simulated node, following its GPUs' load."""
+
+    def __init__(self, backend, phase):
+        self._backend = backend
+        self._phase = phase
+
+    def read(self):
+        gpus = self._backend.read_gpus()
+        load = sum(g["util_pct"] or 0 for g in gpus) / (100.0 * len(gpus)) if gpus else 0.0
+        wobble = 0.9 + 0.1 * math.sin(time.monotonic() / 7.0 + self._phase)
+        return {
+            "cpu_pct": round(5 + 40 * load * wobble, 1),
+            "mem_used_bytes": int(HOST_MEMORY_BYTES * (0.08 + 0.3 * load)),
+            "net_rx_bps": round(PEAK_NET_BPS * load * wobble),
+            "net_tx_bps": round(0.85 * PEAK_NET_BPS * load * wobble),
+        }
+
+
+def read_faults(state_dir, gpu_count):
+    try:
+        with open(os.path.join(state_dir, INJECT_FILE)) as f:
+            specs = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    except FileNotFoundError:
+        return []
+    faults = [fault for spec in specs for fault in parse_inject(spec)]
+    check_gpu_indexes(faults, gpu_count)
+    return faults
+
+
+def build_client(name, args):
+    state_dir = os.path.join(args.state_dir, name)
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    node_token = read_node_token(state_dir)
+    if not node_token and not args.token:
+        raise SystemExit(f"fleet: {state_dir} holds no node token and no --token was given")
+    backend = SimulatedBackend(name, gpu_count=args.gpus,
+                               faults=read_faults(state_dir, args.gpus))
+    outbox = Outbox(os.path.join(state_dir, OUTBOX_FILE))
+    client = AgentClient(
+        server_url=args.server, join_token=args.token, node_token=node_token, node_name=name,
+        boot_id=host.simulated_boot_id(state_dir), state_dir=state_dir, backend=backend,
+        node_metrics=SimulatedNodeMetrics(backend, phase=zlib.crc32(name.encode()) % 360),
+        outbox=outbox, sample_interval_s=args.sample_interval,
+    )
+    return client, outbox
+
+
+async def run_fleet(clients):
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, task.cancel)
+    runs = []
+    for client in clients:
+        runs.append(asyncio.create_task(client.run(), name=client.node_name))
+        await asyncio.sleep(0.02)  # stagger: a fleet does not say hello in one millisecond
+    try:
+        await asyncio.gather(*runs)
+    except asyncio.CancelledError:
+        for run in runs:
+            run.cancel()
+        await asyncio.gather(*runs, return_exceptions=True)
+        log.info("fleet stopped")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m agent.fleet", description=__doc__.split(
+        "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--server", required=True, help="ws[s]://HOST/ws/agent/")
+    parser.add_argument("--state-dir", required=True, help="one folder per node below it")
+    parser.add_argument("--names", default="node-{:03d}", help="a format for the node names")
+    parser.add_argument("--count", type=int, required=True, help="how many nodes")
+    parser.add_argument("--first", type=int, default=1, help="the number of the first node")
+    parser.add_argument("--token", help="a join token, for nodes without a node token")
+    parser.add_argument("--gpus", type=int, default=8, help="simulated GPUs per node")
+    parser.add_argument("--sample-interval", type=float, default=1.0, metavar="SECONDS")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    names = [args.names.format(n) for n in range(args.first, args.first + args.count)]
+    try:
+        built = [build_client(name, args) for name in names]
+    except InjectSpecError as exc:
+        print(f"fleet: {exc}", file=sys.stderr)
+        return 2
+    print(f"fleet: {len(built)} simulated nodes x {args.gpus} GPUs -> {args.server}", flush=True)
+    try:
+        asyncio.run(run_fleet([client for client, _ in built]))
+    finally:
+        for _, outbox in built:
+            outbox.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
