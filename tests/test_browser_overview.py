@@ -1,0 +1,98 @@
+"""In Chromium: a viewer signs in and reads the overview; a viewer may not create a cluster."""
+
+from datetime import timedelta
+from urllib.parse import urlsplit
+
+import pytest
+from django.utils import timezone
+
+from clusterui.roles import Role
+from clusterui.tests.factories import ClusterFactory, UserFactory
+from nodes.choices import NodeState
+from nodes.models import Node
+from nodes.tests.factories import NodeFactory, NodeTransitionFactory
+
+from .browser import assert_no_csp_violations, screenshot, sign_in
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+# A different number per state, so a count shown under the wrong state cannot pass.
+NODES_PER_STATE = {
+    NodeState.HEALTHY: 5,
+    NodeState.BOOTING: 1,
+    NodeState.UNHEALTHY: 2,
+    NodeState.PENDING: 3,
+    NodeState.PAUSED: 4,
+}
+
+
+@pytest.fixture
+def fleet():
+    cluster = ClusterFactory(name="prod-h200", slug="prod-h200")
+    nodes = {
+        state: [NodeFactory(cluster=cluster, state=state) for _ in range(n)]
+        for state, n in NODES_PER_STATE.items()
+    }
+    now = timezone.now()
+    transitions = [
+        NodeTransitionFactory(
+            node=nodes[NodeState.UNHEALTHY][0], from_state=NodeState.HEALTHY,
+            to_state=NodeState.UNHEALTHY, reason="xid:79 on GPU 3",
+            at=now - timedelta(minutes=3),
+        ),
+        NodeTransitionFactory(
+            node=nodes[NodeState.PAUSED][0], from_state=NodeState.HEALTHY,
+            to_state=NodeState.PAUSED, reason="paused for maintenance", actor_name="alice",
+            at=now - timedelta(minutes=2),
+        ),
+        NodeTransitionFactory(
+            node=nodes[NodeState.BOOTING][0], from_state=NodeState.UNHEALTHY,
+            to_state=NodeState.BOOTING, reason="rebooted: new boot_id",
+            at=now - timedelta(minutes=1),
+        ),
+    ]
+    return cluster, transitions
+
+
+def test_a_viewer_signs_in_and_sees_the_overview(page, console, fleet):
+    cluster, transitions = fleet
+    UserFactory(username="vera", role=Role.VIEWER)
+    overview = f"/c/{cluster.slug}/"
+
+    page.goto(overview)
+    assert urlsplit(page.url).path == "/accounts/login/"
+    screenshot(page, "login")
+    sign_in(page, "vera", "password")
+    assert urlsplit(page.url).path == overview
+
+    for state in NodeState:
+        shown = page.locator(f'[data-count="{state.value}"]').inner_text()
+        in_db = Node.objects.filter(cluster=cluster, state=state).count()
+        assert int(shown) == in_db == NODES_PER_STATE[state], state
+
+    rows = page.locator("table.timeline tbody tr")
+    assert rows.count() == len(transitions)
+    # Newest first: the timeline reads as "what happened" most recent at the top.
+    for row, t in zip(rows.all(), reversed(transitions)):
+        text = row.inner_text()
+        assert t.node.name in text
+        assert t.reason in text
+        assert t.actor_name in text
+
+    page.wait_for_load_state("load")
+    screenshot(page, "overview")
+    assert not console.errors, str(console)
+    assert_no_csp_violations(console)
+
+
+def test_a_viewer_may_not_create_a_cluster(page, console):
+    UserFactory(username="vera", role=Role.VIEWER)
+
+    page.goto("/accounts/login/")
+    sign_in(page, "vera", "password")
+    response = page.goto("/clusters/new/")
+
+    assert response.status == 403
+    assert page.locator("h1").inner_text() == "Not allowed"
+    screenshot(page, "cluster-create-forbidden")
+    assert_no_csp_violations(console)
