@@ -14,7 +14,9 @@
   const layout = {
     margin: { l: 40, r: 50, t: 10, b: 30 },
     legend: { orientation: "h", y: 1.15 },
-    xaxis: { type: "date" },
+    // Without history yet, the axis still shows the last hour, where live points will land.
+    xaxis: s.minute.length ? { type: "date" } :
+      { type: "date", range: [new Date(Date.now() - 3600e3).toISOString(), new Date().toISOString()] },
     yaxis: { title: { text: "%" }, range: [0, 100] },
     yaxis2: { title: { text: "Gb/s" }, overlaying: "y", side: "right", rangemode: "tozero", showgrid: false },
   };
