@@ -265,6 +265,9 @@ CLUSTERUI_BOOT_WINDOW_S = envint("CLUSTERUI_BOOT_WINDOW_S", 120)
 CLUSTERUI_SAMPLE_INTERVAL_S = envfloat("CLUSTERUI_SAMPLE_INTERVAL_S", 1.0)
 # No frame for this many sample intervals: the node's heartbeat is lost.
 CLUSTERUI_HEARTBEAT_INTERVALS = envint("CLUSTERUI_HEARTBEAT_INTERVALS", 3)
+# After the console (re)starts, agents get this long to reconnect (their backoff tops at 30 s)
+# before silence counts against them.
+CLUSTERUI_HEARTBEAT_GRACE_S = envint("CLUSTERUI_HEARTBEAT_GRACE_S", 30)
 # Per-minute rollups are kept this long (long-term history belongs in Prometheus).
 CLUSTERUI_ROLLUP_RETENTION_DAYS = envint("CLUSTERUI_ROLLUP_RETENTION_DAYS", 30)
 # Bearer token Prometheus presents at /metrics; /metrics is off while it is unset.

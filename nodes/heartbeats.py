@@ -19,7 +19,6 @@ from healthchecks.services import do_close_health_event, do_record_health_event
 from .models import Node, PublisherStatus
 
 SIGNATURE = "heartbeat_lost"
-RECONNECT_GRACE = timedelta(seconds=30)
 
 
 def silence_limit():
@@ -31,7 +30,8 @@ def listened_until(now):
     """Up to when silence means something: the publisher's last tick, once agents had time
     to reconnect after it started. None while that is not yet the case."""
     status = PublisherStatus.objects.first()
-    if status is None or now - status.started_at < RECONNECT_GRACE + silence_limit():
+    grace = timedelta(seconds=settings.CLUSTERUI_HEARTBEAT_GRACE_S)
+    if status is None or now - status.started_at < grace + silence_limit():
         return None
     return min(now, status.seen_at)
 
