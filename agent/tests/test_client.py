@@ -12,6 +12,7 @@ import pytest
 from agent.backends.simulated import SimulatedBackend
 from agent.client import AgentClient, backoff_ceiling, backoff_delay
 from agent.inject import parse_inject
+from agent.tests.protocol_validator import SAMPLE_GPU_FIELDS, SAMPLE_NODE_FIELDS
 from agent.node_metrics import NodeMetrics
 from agent.node_token import read_node_token, save_node_token
 from agent.outbox import Outbox
@@ -325,20 +326,8 @@ def test_samples_carry_every_gpu_and_node_field(tmp_path):
     sample = connection.of_type("sample")[1]
     hello = connection.frames[0]
     assert [gpu["uuid"] for gpu in sample["gpus"]] == [gpu["uuid"] for gpu in hello["gpus"]]
-    assert set(sample["node"]) == {"cpu_pct", "mem_used_bytes", "net_rx_bps", "net_tx_bps"}
-    assert set(sample["gpus"][0]) == {
-        "uuid",
-        "util_pct",
-        "mem_util_pct",
-        "mem_used_bytes",
-        "temp_c",
-        "power_w",
-        "sm_clock_mhz",
-        "clock_event_reasons",
-        "ecc_dbe_volatile",
-        "pcie_tx_bps",
-        "pcie_rx_bps",
-    }
+    assert set(sample["node"]) == SAMPLE_NODE_FIELDS
+    assert set(sample["gpus"][0]) == SAMPLE_GPU_FIELDS
 
 
 def test_events_found_while_disconnected_wait_in_the_outbox(tmp_path):
