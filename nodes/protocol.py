@@ -185,6 +185,15 @@ def _check_fields(obj, schema, path):
                 raise BadFrame(f"{where}: {error}")
 
 
+def _check_unique(items, fields, path):
+    for field in fields:
+        seen = set()
+        for i, item in enumerate(items):
+            if item[field] in seen:
+                raise BadFrame(f"{path}[{i}].{field}: {item[field]!r} appears twice")
+            seen.add(item[field])
+
+
 def _refuse_constant(name):
     raise ValueError(f"{name} is not JSON")
 
@@ -207,6 +216,8 @@ def parse_frame(text):
         raise BadFrame(f"type: unknown frame type {frame_type!r}")
     try:
         _check_fields(frame, schema, frame_type)
+        if frame_type == "hello":
+            _check_unique(frame["gpus"], ("index", "uuid"), "hello.gpus")
     except BadFrame as exc:
         if frame_type == "event" and _uuid_string(frame.get("id")) is None:
             exc.event_id = frame["id"]

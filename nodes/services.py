@@ -40,7 +40,10 @@ def do_record_hello(node, *, boot_id, agent_version="", gpus=(), now=None):
         agent_version=agent_version,
         **({"booted_at": now} if rebooted else {}),
     )
-    known = set(node.gpus.values_list("uuid", flat=True))
+    # New GPUs join the inventory; one at an index another GPU holds (a replaced GPU) waits
+    # for a repair's verify step or an operator to accept it.
+    known = dict(node.gpus.values_list("uuid", "index"))
+    taken = set(known.values())
     Gpu.objects.bulk_create(
         [
             Gpu(
@@ -52,7 +55,7 @@ def do_record_hello(node, *, boot_id, agent_version="", gpus=(), now=None):
                 memory_total_bytes=gpu.get("memory_total_bytes"),
             )
             for gpu in gpus
-            if gpu["uuid"] not in known
+            if gpu["uuid"] not in known and gpu["index"] not in taken
         ]
     )
     if not rebooted:

@@ -115,3 +115,13 @@ def test_node_names_follow_the_protocol(cluster):
 
     with pytest.raises(ValidationError):
         do_register_node(cluster, "bad name/with slash")
+
+
+@pytest.mark.django_db
+def test_a_replaced_gpu_does_not_join_the_inventory_by_itself(cluster):
+    node = do_register_node(cluster, "gpu-006")
+    do_record_hello(node, boot_id="a", gpus=gpus(2))
+    replaced = [gpus(2)[0], {**gpus(2)[1], "uuid": "GPU-new-board"}]
+    node = do_record_hello(node, boot_id="b", gpus=replaced)
+    assert sorted(node.gpus.values_list("index", "uuid")) == [(0, "GPU-00000000-aaaa"),
+                                                              (1, "GPU-00000001-aaaa")]
