@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from healthchecks.catalog import policy_for
 from healthchecks.services import do_close_health_event, do_record_health_event
 
 from .models import AgentEventReceipt, AgentToken, Node
@@ -77,6 +78,14 @@ def accept_hello(grant, frame, now=None):
     return HelloOutcome(node_id=node.pk, cluster_id=node.cluster_id, node_token=node_token)
 
 
+def severity_of(frame, gpu):
+    """An Xid's severity is NVIDIA's catalog's (DESIGN.md), whatever the agent said."""
+    kind, _, code = frame["signature"].partition(":")
+    if kind == "xid" and code.isdigit():
+        return policy_for(int(code), gpu.name if gpu is not None else "").severity
+    return frame["severity"]
+
+
 @transaction.atomic
 def ingest_event(node_id, frame, now=None):
     """Store an agent event once (by its id): open, count or clear the node's health event."""
@@ -95,11 +104,12 @@ def ingest_event(node_id, frame, now=None):
             do_close_health_event(open_event, reason="cleared by the agent", now=now)
             health_event = open_event
     else:
-        evidence = {**(frame.get("detail") or {}), "agent_ts": frame["ts"]}
+        evidence = {**(frame.get("detail") or {}), "agent_ts": frame["ts"],
+                    "agent_severity": frame["severity"]}
         if gpu_uuid and gpu is None:
             evidence["gpu_uuid"] = gpu_uuid
         health_event = do_record_health_event(
-            node, signature=frame["signature"], severity=frame["severity"],
+            node, signature=frame["signature"], severity=severity_of(frame, gpu),
             message=frame["message"], gpu=gpu, evidence=evidence,
             count=frame.get("count") or 1, now=now,
         )

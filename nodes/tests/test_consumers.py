@@ -317,3 +317,15 @@ async def test_random_frames_never_break_the_connection(join_token, frames):
     await send(communicator, event())
     assert (await receive(communicator))["type"] == "ack"
     await communicator.disconnect()
+
+
+async def test_an_xids_severity_comes_from_nvidias_catalog(join_token, settings):
+    settings.CLUSTERUI_BOOT_WINDOW_S = 0
+    communicator, _ = await join(join_token)
+    await send(communicator, event("xid:13", severity="critical"))  # RESTART_APP
+    await receive(communicator)
+    await communicator.disconnect()
+    stored = await database_sync_to_async(HealthEvent.objects.get)()
+    assert stored.severity == "info" and stored.evidence["agent_severity"] == "critical"
+    node = await database_sync_to_async(Node.objects.get)(name="gpu-001")
+    assert node.state == "healthy"  # the application's problem, not the node's
