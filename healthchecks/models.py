@@ -41,6 +41,19 @@ class HealthEvent(models.Model):
             models.Index(fields=["node", "closed_at"]),
             models.Index(fields=["signature"]),
         ]
+        # One open event per (node, GPU, signature); node-level signals have no GPU.
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node", "gpu", "signature"],
+                condition=models.Q(closed_at__isnull=True, gpu__isnull=False),
+                name="one_open_event_per_gpu_signature",
+            ),
+            models.UniqueConstraint(
+                fields=["node", "signature"],
+                condition=models.Q(closed_at__isnull=True, gpu__isnull=True),
+                name="one_open_event_per_node_signature",
+            ),
+        ]
 
     def __str__(self):
         return f"{self.node.name} {self.signature}"

@@ -1,6 +1,8 @@
 """Writes for health events. Opening or closing one refreshes its node's state."""
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
+from django.db.models import F, Value
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from nodes.states import refresh_node_state
@@ -14,26 +16,31 @@ def do_record_health_event(
     node, *, signature, severity, message="", gpu=None, evidence=None,
     source=Source.PASSIVE, count=1, now=None,
 ):
-    """Open an event, or raise the count of the open one with the same (node, GPU, signature)."""
+    """Open an event, or raise the count of the open one with the same (node, GPU, signature).
+
+    Safe under concurrency: the database allows one open event per (node, GPU, signature),
+    and a signal that loses the race to open it counts on the winner's event.
+    """
     now = now or timezone.now()
-    event = (
-        HealthEvent.objects.open()
-        .select_for_update()
-        .filter(node=node, gpu=gpu, signature=signature)
-        .first()
-    )
-    if event is not None:
-        HealthEvent.objects.filter(pk=event.pk).update(
-            count=event.count + count, last_seen=now, message=message or event.message
-        )
-        event.refresh_from_db()
+    same = HealthEvent.objects.open().filter(node=node, gpu=gpu, signature=signature)
+    changes = {"count": F("count") + count, "last_seen": Greatest("last_seen", Value(now))}
+    if message:
+        changes["message"] = message
+    for _ in range(2):
+        if same.update(**changes):
+            return same.get()
+        try:
+            with transaction.atomic():
+                event = HealthEvent.objects.create(
+                    node=node, gpu=gpu, signature=signature, severity=severity, source=source,
+                    message=message, evidence=evidence or {}, first_seen=now, last_seen=now,
+                    count=count,
+                )
+        except IntegrityError:
+            continue  # opened a moment ago by another worker: count on that one
+        refresh_node_state(node, reason=f"{signature} opened", now=now)
         return event
-    event = HealthEvent.objects.create(
-        node=node, gpu=gpu, signature=signature, severity=severity, source=source,
-        message=message, evidence=evidence or {}, first_seen=now, last_seen=now, count=count,
-    )
-    refresh_node_state(node, reason=f"{signature} opened", now=now)
-    return event
+    raise RuntimeError(f"cannot record {signature} on {node}: the open event keeps changing")
 
 
 @transaction.atomic
