@@ -257,6 +257,7 @@ CELERY_BEAT_SCHEDULE = {
     "refresh-node-states": {"task": "nodes.tasks.refresh_due_node_states", "schedule": 10.0},
     "sweep-heartbeats": {"task": "nodes.tasks.sweep_heartbeats", "schedule": 1.0},
     "prune-rollups": {"task": "nodes.tasks.prune_rollups", "schedule": 3600.0},
+    "sweep-health-events": {"task": "healthchecks.tasks.sweep_health_events", "schedule": 60.0},
 }
 
 # Node state timing (DESIGN.md "Node states").

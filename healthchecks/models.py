@@ -1,3 +1,5 @@
+import uuid
+
 from django.conf import settings
 from django.db import models
 
@@ -14,6 +16,7 @@ class HealthEventQuerySet(models.QuerySet):
 class HealthEvent(models.Model):
     """A health signal on a node (or one of its GPUs). Open until its closing rule holds."""
 
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="health_events")
     gpu = models.ForeignKey(
         Gpu, null=True, blank=True, on_delete=models.SET_NULL, related_name="health_events"
@@ -28,6 +31,9 @@ class HealthEvent(models.Model):
     count = models.PositiveIntegerField(default=1)
     closed_at = models.DateTimeField(null=True, blank=True)
     closed_reason = models.CharField(max_length=255, blank=True)
+    closed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     acknowledged_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -61,3 +67,33 @@ class HealthEvent(models.Model):
     @property
     def is_open(self):
         return self.closed_at is None
+
+
+class SilenceQuerySet(models.QuerySet):
+    def active(self, now):
+        return self.filter(until__gt=now)
+
+
+class Silence(models.Model):
+    """An operator's "known, don't count it" for one signature on one node, for a time.
+
+    Events of that signature are still recorded, but do not make the node unhealthy.
+    """
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="silences")
+    signature = models.CharField(max_length=64)
+    reason = models.CharField(max_length=255)
+    until = models.DateTimeField()
+    created_at = models.DateTimeField()
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    objects = SilenceQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-until"]
+        indexes = [models.Index(fields=["node", "signature", "until"])]
+
+    def __str__(self):
+        return f"{self.signature} on {self.node.name} until {self.until:%Y-%m-%d %H:%M}"

@@ -1,25 +1,84 @@
+from django.contrib import messages
 from django.core.paginator import Paginator
-from django.shortcuts import render
-from django.views.decorators.http import require_GET
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_POST
 
 from clusterui.roles import Role, require_role
 from clusterui.views import get_cluster_for_user
 
+from .catalog import catalog
 from .filters import HealthEventFilter
+from .forms import ResolveForm, SilenceForm
 from .models import HealthEvent
+from .services import do_acknowledge_event, do_resolve_event, do_silence_signature
 
 EVENTS_PAGE_SIZE = 50
+
+
+def get_event_for_user(request, slug, public_id):
+    cluster = get_cluster_for_user(request, slug)
+    return get_object_or_404(HealthEvent.objects.select_related("node__cluster", "gpu"),
+                             node__cluster=cluster, public_id=public_id)
 
 
 @require_GET
 @require_role(Role.VIEWER)
 def event_list(request, slug):
     cluster = get_cluster_for_user(request, slug)
-    events = HealthEvent.objects.filter(node__cluster=cluster).select_related("node", "gpu")
+    events = HealthEvent.objects.filter(node__cluster=cluster).select_related(
+        "node", "gpu", "acknowledged_by")
     event_filter = HealthEventFilter(request.GET, queryset=events)
     matching = event_filter.qs if event_filter.is_valid() else events.none()
     page = Paginator(matching, EVENTS_PAGE_SIZE).get_page(request.GET.get("page"))
-    context = {"cluster": cluster, "tab": "health", "filter": event_filter, "page": page}
+    context = {"cluster": cluster, "tab": "health", "filter": event_filter, "page": page,
+               "xids": catalog()}
     return render(
         request, "healthchecks/list.html" + ("#event-table" if request.htmx else ""), context
     )
+
+
+def _event_row_or_back(request, event):
+    """After an action: htmx swaps the event's row; a plain form goes back to the tab."""
+    if not request.htmx:
+        return redirect("healthchecks:list", event.node.cluster.slug)
+    event.refresh_from_db()
+    return render(request, "healthchecks/_event_row_response.html",
+                  {"e": event, "cluster": event.node.cluster, "xids": catalog()})
+
+
+@require_POST
+@require_role(Role.OPERATOR)
+def event_acknowledge(request, slug, public_id):
+    event = get_event_for_user(request, slug, public_id)
+    if not do_acknowledge_event(event, actor=request.user, request=request):
+        messages.info(request, "Already acknowledged or closed.")
+    return _event_row_or_back(request, event)
+
+
+@require_POST
+@require_role(Role.OPERATOR)
+def event_resolve(request, slug, public_id):
+    event = get_event_for_user(request, slug, public_id)
+    form = ResolveForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Say what was done: resolving needs a comment.")
+    elif not do_resolve_event(event, actor=request.user, comment=form.cleaned_data["comment"],
+                              request=request):
+        messages.info(request, "It was already closed.")
+    return _event_row_or_back(request, event)
+
+
+@require_POST
+@require_role(Role.OPERATOR)
+def event_silence(request, slug, public_id):
+    event = get_event_for_user(request, slug, public_id)
+    form = SilenceForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Silencing needs a duration (0.25 to 336 hours) and a reason.")
+    else:
+        do_silence_signature(event.node, signature=event.signature,
+                             hours=form.cleaned_data["hours"], reason=form.cleaned_data["reason"],
+                             actor=request.user, request=request)
+        messages.success(request, f"{event.signature} silenced on {event.node.name} for "
+                                  f"{form.cleaned_data['hours']:g} h.")
+    return _event_row_or_back(request, event)

@@ -73,14 +73,17 @@ def describe_open_problems(events):
     return text
 
 
-def open_problem_events(node):
+def open_problem_events(node, now):
+    """The node's open warning/critical events, less signatures an operator silenced."""
     from healthchecks.choices import NODE_AFFECTING
-    from healthchecks.models import HealthEvent
+    from healthchecks.models import HealthEvent, Silence
 
+    silenced = Silence.objects.active(now).filter(node=node).values("signature")
     # Critical before warning ("critical" sorts before "warning"), then oldest first.
     return list(
         HealthEvent.objects.open()
         .filter(node=node, severity__in=NODE_AFFECTING)
+        .exclude(signature__in=silenced)
         .select_related("gpu")
         .order_by("severity", "first_seen", "id")
     )
@@ -97,7 +100,7 @@ def facts_for(node, now):
         acceptance_pending=acceptance_pending,
         boot_window_open=node.booted_at is not None and now - node.booted_at < boot_window(),
         boot_tasks_running=node.boot_tasks_running,
-        worst_open_problem=describe_open_problems(open_problem_events(node)),
+        worst_open_problem=describe_open_problems(open_problem_events(node, now)),
     )
 
 

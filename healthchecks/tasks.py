@@ -1,0 +1,18 @@
+from datetime import timedelta
+
+from celery import shared_task
+from django.utils import timezone
+
+from . import services
+
+SWEEP_EVERY_S = 60.0
+
+
+@shared_task
+def sweep_health_events():
+    """Beat, every minute: close quiet info Xids; re-judge nodes whose silence just ended."""
+    now = timezone.now()
+    closed = services.close_quiet_events(now=now)
+    refreshed = services.refresh_ended_silences(
+        since=now - timedelta(seconds=SWEEP_EVERY_S * 2), now=now)
+    return closed, refreshed
