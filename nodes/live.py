@@ -13,6 +13,9 @@ import json
 from django.conf import settings
 
 LIVE_KEY = "clusterui:live:{cluster_id}"
+# Samples recorded by every server process since Redis started: one INCRBY per flush
+# (bench/ingest reads it to count what was delivered).
+RECORDED_KEY = "clusterui:live:recorded"
 # A node that stopped reporting drops out of the store after this long.
 LIVE_TTL_S = 3600
 
@@ -51,6 +54,7 @@ class RedisLiveStore:
     def __init__(self, url):
         self.url = url
         self.pending = {}  # cluster_id -> {node_id: entry}
+        self.recorded = 0  # samples recorded since the last flush
         self._client = None
 
     @property
@@ -63,12 +67,15 @@ class RedisLiveStore:
 
     def record(self, cluster_id, entry):
         self.pending.setdefault(cluster_id, {})[entry["node_id"]] = entry
+        self.recorded += 1
 
     async def flush(self):
         pending, self.pending = self.pending, {}
+        recorded, self.recorded = self.recorded, 0
         if not pending:
             return 0
         async with self.client.pipeline(transaction=False) as pipe:
+            pipe.incrby(RECORDED_KEY, recorded)
             for cluster_id, entries in pending.items():
                 key = LIVE_KEY.format(cluster_id=cluster_id)
                 pipe.hset(key, mapping={node_id: json.dumps(entry)
