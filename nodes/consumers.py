@@ -4,14 +4,17 @@ Thin: it authenticates, validates each frame (nodes.protocol), and hands hellos 
 to nodes.ingest in a worker thread. Samples never touch the database.
 """
 
+import asyncio
 import json
 import logging
 import time
 from collections import deque
 
-from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.consumer import get_handler_name
+from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
+from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.layers import get_channel_layer
 from . import ingest
 from .live import get_live_store, live_entry
 from .protocol import MAX_FRAME_BYTES, BadFrame, parse_frame
@@ -56,6 +59,53 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if self.grant is None:
             await self.close_with(CLOSE_BAD_TOKEN)
 
+    async def __call__(self, scope, receive, send):
+        """AsyncConsumer.__call__, without its await_many_dispatch(): that makes a new Task for
+        every message and waits on it and on the channel layer with asyncio.wait(). Here the
+        connection's messages are awaited directly, and one task reads the channel layer. As
+        there, one message is handled at a time, and an error in handling one ends the consumer.
+        """
+        self.scope = scope
+        self.base_send = send
+        self.channel_layer = get_channel_layer(self.channel_layer_alias)
+        self._one_at_a_time = asyncio.Lock()
+        self._layer_error = None
+        from_layer = None
+        if self.channel_layer is not None:
+            self.channel_name = await self.channel_layer.new_channel()
+            from_layer = asyncio.ensure_future(self._dispatch_from_layer(asyncio.current_task()))
+        try:
+            while True:
+                message = await receive()
+                async with self._one_at_a_time:
+                    await self.dispatch(message)
+        except StopConsumer:
+            pass
+        except asyncio.CancelledError:
+            if self._layer_error is None:
+                raise
+            if not isinstance(self._layer_error, StopConsumer):
+                raise self._layer_error from None
+        finally:
+            if from_layer is not None:
+                from_layer.cancel()
+                try:
+                    await from_layer
+                except asyncio.CancelledError:
+                    pass
+
+    async def _dispatch_from_layer(self, consumer_task):
+        try:
+            while True:
+                message = await self.channel_layer.receive(self.channel_name)
+                async with self._one_at_a_time:
+                    await self.dispatch(message)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer's task, as Channels does
+            self._layer_error = exc
+            consumer_task.cancel()
+
     async def dispatch(self, message):
         # Channels closes stale database connections before every message: a hop to a worker
         # thread per sample. This consumer reaches the database only through
@@ -79,7 +129,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if self.closed:
             return
         data = text_data if text_data is not None else bytes_data
-        size = len(data.encode()) if isinstance(data, str) else len(data)
+        # A str takes 1 to 4 bytes a character in UTF-8: count them only where it matters.
+        if isinstance(data, str) and len(data) * 4 <= MAX_FRAME_BYTES:
+            size = len(data)
+        else:
+            size = len(data.encode()) if isinstance(data, str) else len(data)
         if size > MAX_FRAME_BYTES:
             await self.close_with(CLOSE_TOO_BIG)
             return
