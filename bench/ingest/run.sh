@@ -37,7 +37,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
         "${missing[@]}"
 fi
-if ! "$PY" -c 'import uvicorn, orjson, psutil, websockets' 2>/dev/null; then
+if ! "$PY" -c 'import uvicorn, uvloop, httptools, orjson, psutil, websockets' 2>/dev/null; then
     log "installing bench/ingest/requirements.txt"
     "$PY" -m pip install --quiet -r bench/ingest/requirements.txt
 fi
