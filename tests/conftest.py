@@ -1,9 +1,16 @@
-"""Fixtures for the browser tests: daphne against the test database, and a Chromium page.
+"""Fixtures for the browser and integration tests: daphne against the test database, a
+Chromium page, and the processes an integration test starts.
 
 A browser test asks for `page` (and `console` for what the page logged). `page` brings in
 `transactional_db`: the test's rows are committed, so the daphne subprocess sees them, and
 the tables are flushed after the test. Both need PostgreSQL, i.e. `make test`.
+
+An integration test asks for `processes` (tests/integration.py's ProcessGroup): what it
+starts there is stopped at the end of the test, before the tables are flushed, also when the
+test failed; the logs stay under test-artifacts/<module>/<test>/ and are printed on failure.
 """
+
+import shutil
 
 import pytest
 
@@ -17,6 +24,7 @@ from .browser import (
     screenshot,
     subprocess_env,
 )
+from .integration import ProcessGroup
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -27,20 +35,37 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    """Browser tests run last (after pytest-django's own ordering, which this keeps).
+
+    The session's daphne (`daphne_server`) starts its live publisher with the first browser
+    page and keeps it for the rest of the session; it writes PublisherStatus in the test
+    database, which the heartbeat sweep reads. An integration test's own deployment must be
+    the only one writing there, so every integration test runs before the first browser test.
+    """
+    items[:] = ([i for i in items if i.get_closest_marker("browser") is None]
+                + [i for i in items if i.get_closest_marker("browser") is not None])
+
+
+def require_postgresql():
+    from django.conf import settings
+
+    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        pytest.skip(
+            "needs the PostgreSQL test database that subprocesses can reach: run it with "
+            "`make test` (scripts/test.sh)"
+        )
+    return settings.DATABASES["default"]
+
+
 @pytest.fixture(scope="session")
 def daphne_server(django_db_setup):
     """daphne serving clusterui.asgi on a free loopback port, against the test database.
 
     Session-scoped: the database is the same one that transactional_db flushes between tests.
     """
-    from django.conf import settings
-
-    db = settings.DATABASES["default"]
-    if db["ENGINE"] != "django.db.backends.postgresql":
-        pytest.skip(
-            "browser tests need the PostgreSQL test database that a daphne subprocess can "
-            "reach: run them with `make test` (scripts/test.sh)"
-        )
+    db = require_postgresql()
     env = subprocess_env(
         DATABASE_URL=database_url(db),  # NAME is test_clusterui once django_db_setup ran
         SECURE_COOKIES="false",  # Chromium on plain http would drop Secure cookies
@@ -96,3 +121,28 @@ def page(transactional_db, daphne_server, monkeypatch, request):
 def console(page, request):
     """What `page` logged so far: console messages and page errors (see browser.ConsoleLog)."""
     return request.node.console_log
+
+
+@pytest.fixture
+def processes(transactional_db, request):
+    """A ProcessGroup for this test, with the environment of the session's production mode
+    pointed at the test database. Everything in it stops before the tables are flushed."""
+    db = require_postgresql()
+    directory = ARTIFACTS / request.node.path.stem / request.node.name
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    env = subprocess_env(
+        DATABASE_URL=database_url(db),  # NAME is the test database's
+        SECURE_COOKIES="false",
+        PYTHONUNBUFFERED="1",
+    )
+    group = ProcessGroup(directory, env)
+    try:
+        yield group
+    finally:
+        group.stop_all()
+        failed = any(getattr(request.node, f"rep_{when}", None) is not None
+                     and getattr(request.node, f"rep_{when}").failed
+                     for when in ("setup", "call"))
+        if failed:
+            group.report()

@@ -1,0 +1,260 @@
+"""Helpers for the real-socket integration tests: the processes of a deployment (daphne, a
+Celery worker and beat, real agents) as subprocesses, each with a log under test-artifacts/,
+and bounded waits.
+
+Every process starts through a ProcessGroup (the `processes` fixture in conftest.py), which
+stops what is still running at the end of the test, also when it failed, and then, if it
+failed, prints the tail of every log.
+"""
+
+import json
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from agent.cli import OUTBOX_FILE as AGENT_OUTBOX
+
+from .browser import REPO_ROOT, _die_with_parent, free_port
+
+
+def wait_until(predicate, *, timeout, what, interval=0.05):
+    """Poll `predicate` until it returns something truthy (returned) or `timeout` seconds
+    pass (AssertionError naming `what`, with the predicate's last value)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g} s: {what} (last: {value!r})")
+        time.sleep(interval)
+
+
+class Process:
+    """A subprocess with its stdout and stderr in a log file (appended to across restarts)."""
+
+    def __init__(self, name, argv, *, env, log_path):
+        self.name = name
+        self.argv = [str(a) for a in argv]
+        self.env = env
+        self.log_path = Path(log_path)
+        self.process = None
+
+    def start(self):
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            log.write(f"=== {time.strftime('%H:%M:%S')} start: {' '.join(self.argv)}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                self.argv, cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+            )
+        return self
+
+    @property
+    def pid(self):
+        return self.process.pid
+
+    def running(self):
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout=10.0):
+        """SIGTERM, then SIGKILL if it has not exited within `timeout` seconds."""
+        if self.running():
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            self._note(f"stopped (exit status {self.process.returncode})")
+
+    def kill(self):
+        """SIGKILL: the process gets no chance to say goodbye."""
+        if self.running():
+            self.process.kill()
+            self.process.wait()
+            self._note("killed (SIGKILL)")
+
+    def _note(self, text):
+        with self.log_path.open("ab") as log:
+            log.write(f"=== {time.strftime('%H:%M:%S')} {text}\n".encode())
+
+    def log_text(self):
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, lines=80):
+        return "\n".join(self.log_text().splitlines()[-lines:]) or "(nothing logged)"
+
+    def check_running(self):
+        """Fail at once (with the log) when the process died, rather than at a later timeout."""
+        if self.process is not None and self.process.poll() is not None:
+            raise AssertionError(f"{self.name} exited with status {self.process.returncode}:\n"
+                                 f"{self.log_tail()}")
+
+
+class Daphne(Process):
+    """`daphne clusterui.asgi:application` on 127.0.0.1:`port` (fixed, so it can come back on
+    the same port after a stop)."""
+
+    def __init__(self, name, *, env, log_path, port=None):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__(
+            name,
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", self.port,
+             "clusterui.asgi:application"],
+            env=env, log_path=log_path,
+        )
+
+    def wait_listening(self, timeout=30.0):
+        def listening():
+            self.check_running()
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return True
+            except OSError:
+                return False
+
+        wait_until(listening, timeout=timeout, what=f"{self.name} listens on {self.port}",
+                   interval=0.1)
+        return self
+
+    def get(self, path, token=None, timeout=10.0):
+        """(status, body) of a GET to this server."""
+        request = urllib.request.Request(self.url + path)
+        if token is not None:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(errors="replace")
+
+
+class Agent(Process):
+    """The real agent (`python -m agent --simulate`), with its own state dir."""
+
+    def __init__(self, name, *, server_url, token, state_dir, log_path, env, inject=None):
+        self.node_name = name
+        self.state_dir = Path(state_dir)
+        argv = [sys.executable, "-m", "agent", "--simulate", "--server", server_url,
+                "--token", token, "--state-dir", self.state_dir, "--node-name", name]
+        if inject:
+            argv += ["--inject", inject]
+        super().__init__(f"agent {name}", argv, env=env, log_path=log_path)
+
+    def outbox_ids(self):
+        """The ids of the events in the agent's outbox (not yet acked)."""
+        path = self.state_dir / AGENT_OUTBOX
+        if not path.exists():
+            return []
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            return [row[0] for row in db.execute("SELECT id FROM events ORDER BY seq")]
+        finally:
+            db.close()
+
+
+class ProcessGroup:
+    """The processes a test started, in `directory`; stop_all() stops them, newest first."""
+
+    def __init__(self, directory, env):
+        self.directory = Path(directory)
+        self.env = env
+        self.processes = []
+
+    def _log(self, name):
+        safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)
+        return self.directory / f"{safe}.log"
+
+    def _add(self, process):
+        self.processes.append(process)
+        return process
+
+    def env_with(self, **overrides):
+        return {**self.env, **{k: str(v) for k, v in overrides.items()}}
+
+    def daphne(self, name="daphne", *, port=None, start=True, **env):
+        server = self._add(Daphne(name, env=self.env_with(**env), log_path=self._log(name),
+                                  port=port))
+        if start:
+            server.start().wait_listening()
+        return server
+
+    def agent(self, name, server, *, token, inject=None, state_dir=None):
+        """The agent of node `name`, connecting to `server` (anything with an http:// url)."""
+        agent = Agent(name, server_url=agent_url(server.url), token=token,
+                      state_dir=state_dir or self.directory / f"state-{name}",
+                      log_path=self._log(f"agent-{name}"), env=self.env, inject=inject)
+        return self._add(agent).start()
+
+    def celery(self, role, *extra, **env):
+        """`celery -A clusterui worker|beat` with the test environment."""
+        argv = [sys.executable, "-m", "celery", "-A", "clusterui", role, "--loglevel=INFO",
+                *extra]
+        return self._add(Process(f"celery {role}", argv, env=self.env_with(**env),
+                                 log_path=self._log(f"celery-{role}"))).start()
+
+    def stop_all(self):
+        for process in reversed(self.processes):
+            try:
+                process.stop()
+            except Exception as exc:  # keep stopping the others
+                print(f"stopping {process.name} failed: {exc!r}")
+
+    def report(self):
+        for process in self.processes:
+            print(f"\n----- {process.name}: {process.log_path} (tail) -----\n"
+                  f"{process.log_tail()}")
+
+
+def agent_url(http_url):
+    """The agent endpoint of the server at `http_url`."""
+    return "ws" + http_url.removeprefix("http") + "/ws/agent/"
+
+
+def parse_metrics(text):
+    """Prometheus text: [(name, {label: value}, float value)] (our own output's subset)."""
+    series = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        name, _, label_text = head.partition("{")
+        labels = {}
+        for pair in label_text.rstrip("}").split('",'):
+            if "=" in pair:
+                key, _, raw = pair.partition("=")
+                labels[key] = raw.strip('"')
+        series.append((name, labels, float(value)))
+    return series
+
+
+def read_live_entries(redis_url, cluster_id):
+    """The live store's entries for a cluster, straight from Redis: {node_id: entry}."""
+    import redis
+
+    from nodes.live import LIVE_KEY
+
+    with redis.Redis.from_url(redis_url) as client:
+        raw = client.hgetall(LIVE_KEY.format(cluster_id=cluster_id))
+    return {int(k): json.loads(v) for k, v in raw.items()}
+
+
+def redis_url_with_db(url, db):
+    """The same Redis server, another database number."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{db}"))
+
