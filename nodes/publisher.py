@@ -18,7 +18,7 @@ from datetime import datetime, timezone as dt_timezone
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, transaction
 from django.db.models import Count, Max
 
 from clusterui.models import Cluster
@@ -62,18 +62,20 @@ def read_cluster_facts():
 def record_tick(seen, now, *, just_started):
     """The publisher ran at `now`; seen: {node_id: unix time of its latest frame}.
 
-    One UPDATE of last_seen per distinct second, and one of the publisher's status.
+    Each node's last_seen is the exact time its latest frame arrived (a few batched
+    statements for the whole fleet), written before the publisher's own status in the same
+    transaction: a heartbeat sweep never sees this tick's time with last tick's last_seen.
     """
     close_old_connections()
-    if just_started or not PublisherStatus.objects.filter(pk=1).update(seen_at=now):
-        PublisherStatus.objects.update_or_create(pk=1, defaults={"started_at": now,
-                                                                 "seen_at": now})
-    by_time = {}
-    for node_id, received_at in seen.items():
-        by_time.setdefault(int(received_at), []).append(node_id)
-    for second, node_ids in by_time.items():
-        at = datetime.fromtimestamp(second, tz=dt_timezone.utc)
-        Node.objects.filter(pk__in=node_ids).update(last_seen=at)
+    with transaction.atomic():
+        Node.objects.bulk_update(
+            [Node(pk=node_id, last_seen=datetime.fromtimestamp(received_at, tz=dt_timezone.utc))
+             for node_id, received_at in seen.items()],
+            ["last_seen"], batch_size=500,
+        )
+        if just_started or not PublisherStatus.objects.filter(pk=1).update(seen_at=now):
+            PublisherStatus.objects.update_or_create(pk=1, defaults={"started_at": now,
+                                                                     "seen_at": now})
 
 
 def build_summary(slug, facts, usage, now_ts):

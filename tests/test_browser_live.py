@@ -73,10 +73,6 @@ def test_the_overview_counts_a_joining_node_without_a_reload(page, console, daph
     assert_no_csp_violations(console)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: static/js/overview.js fixes the x range at the page's load time when there is no "
-    "history, and Plotly.extendTraces does not move it: every live point lands past its right "
-    "end"))
 def test_the_usage_chart_of_a_cluster_without_history_shows_the_live_points(
         page, console, daphne_server, processes):
     """A cluster with no per-minute rollups yet: the chart still shows the last hour, and each

@@ -33,15 +33,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 METRICS_TOKEN = "integration-metrics-token"
 GPUS = 8
 
-# Bugs these tests found (strict: once fixed, the XPASS fails until the marker goes).
-BUG_LAST_SEEN_ROUNDED = (
-    "bug: nodes/publisher.py record_tick() writes Node.last_seen as int(received_at), the "
-    "whole second before the node's latest frame (up to 1 s early)")
-BUG_IDLE_RECEIVE_TIMES_OUT = (
-    "bug: the channel layer's receive raises redis TimeoutError after 5 s without a message "
-    "(channels-redis 4.3.0 blocks in BZPOPMIN for 5 s; redis-py 8.1.0's default "
-    "socket_timeout is 5 s): the consumer dies and daphne closes the agent with 1011")
-
 # Redis databases 1-15 (the session's daphne uses the REDIS_URL's own, 0), one per test.
 _redis_dbs = itertools.cycle(range(1, 16))
 
@@ -160,19 +151,6 @@ def sweeps_done(worker):
                for line in worker.log_text().splitlines())
 
 
-def known_heartbeat_bug(event, agent, last_frame=None):
-    """The known bug behind a heartbeat_lost that came too early, if the evidence shows one.
-
-    Only a cause the evidence demonstrates excuses the failure (as an xfail); anything else
-    fails. Once both bugs are fixed this never answers and the checks are plain asserts."""
-    if "ended (close 1011)" in agent.log_text():
-        return BUG_IDLE_RECEIVE_TIMES_OUT
-    believed = datetime.fromisoformat(event.evidence["last_seen"]).timestamp()
-    if (last_frame is not None and last_frame - believed > 0.15) or believed % 1 == 0:
-        return f"{BUG_LAST_SEEN_ROUNDED} (the sweep saw last_seen {event.evidence['last_seen']})"
-    return None
-
-
 def test_a_killed_agent_loses_its_heartbeat_and_a_restarted_one_gets_it_back(stack):
     """Sample interval 0.5 s, so 3 intervals = 1.5 s of silence; the grace after the
     publisher starts is 1 s. The node is lost neither while its agent reports nor before
@@ -206,8 +184,6 @@ def test_a_killed_agent_loses_its_heartbeat_and_a_restarted_one_gets_it_back(sta
     wait_until(lambda: sweeps_done(worker) >= swept + 3, timeout=15,
                what="three heartbeat sweeps after the grace")
     false_alarm = HealthEvent.objects.filter(node=node, signature=HEARTBEAT_LOST).first()
-    if false_alarm is not None and (bug := known_heartbeat_bug(false_alarm, agent)):
-        pytest.xfail(f"heartbeat_lost for a reporting agent, by a known {bug}")
     assert false_alarm is None, (
         f"heartbeat_lost opened for an agent that was reporting: {false_alarm.evidence}")
     assert fresh(node).state == NodeState.HEALTHY
@@ -228,8 +204,6 @@ def test_a_killed_agent_loses_its_heartbeat_and_a_restarted_one_gets_it_back(sta
     assert node.state == NodeState.UNHEALTHY
     assert node.state_reason == HEARTBEAT_LOST
     # Not before 3 intervals of silence...
-    if silence_s < interval * intervals and (bug := known_heartbeat_bug(lost, agent, last_frame)):
-        pytest.xfail(f"heartbeat_lost after {silence_s:.2f} s of silence, by a known {bug}")
     assert silence_s >= interval * intervals, (
         f"heartbeat_lost after only {silence_s:.2f} s of silence (limit "
         f"{interval * intervals:g} s)")
@@ -254,7 +228,6 @@ def test_a_killed_agent_loses_its_heartbeat_and_a_restarted_one_gets_it_back(sta
         process.check_running()
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_IDLE_RECEIVE_TIMES_OUT)
 def test_an_agent_stays_connected_to_a_server_that_no_browser_watches(stack):
     """A server process with agents and no browser: nothing arrives on its channel layer, so
     Channels' receive sits in Redis' blocking pop (5 s at a time) for as long as the agents
@@ -280,7 +253,6 @@ def test_an_agent_stays_connected_to_a_server_that_no_browser_watches(stack):
     assert entry["seq"] >= (entry["received_at"] - connected_at) / 0.5 - 1, entry["seq"]
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_LAST_SEEN_ROUNDED)
 def test_last_seen_is_when_the_nodes_latest_frame_arrived(stack):
     """The heartbeat sweep measures silence from Node.last_seen, which the publisher writes
     from the live store's `received_at`. Written earlier than the latest frame (rounded down

@@ -11,7 +11,7 @@
   let delay = 1000;
 
   function format(key, value) {
-    if (value === null || value === undefined) return "–";
+    if (value === null || value === undefined) return key === "gpus_reporting" ? "no" : "–";
     if (key === "net_gbps") return value.toFixed(1) + " Gb/s";
     if (key === "gpus_reporting") return value.toLocaleString();
     return Math.round(value) + " %";

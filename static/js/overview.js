@@ -5,6 +5,9 @@
   const data = document.getElementById("usage-series");
   if (!el || !data || !window.Plotly) return;
   const s = JSON.parse(data.textContent);
+  function lastHour(endMs) {
+    return [new Date(endMs - 3600e3).toISOString(), new Date(endMs).toISOString()];
+  }
   const names = ["GPU utilization %", "GPU memory %", "network Gb/s"];
   const traces = [
     { name: names[0], x: s.minute, y: s.gpu_util_pct, line: { color: "#2f5bd1" } },
@@ -14,9 +17,8 @@
   const layout = {
     margin: { l: 40, r: 50, t: 10, b: 30 },
     legend: { orientation: "h", y: 1.15 },
-    // Without history yet, the axis still shows the last hour, where live points will land.
-    xaxis: s.minute.length ? { type: "date" } :
-      { type: "date", range: [new Date(Date.now() - 3600e3).toISOString(), new Date().toISOString()] },
+    // Always the last hour, sliding as live points arrive (also before any history exists).
+    xaxis: { type: "date", range: lastHour(Date.now()) },
     yaxis: { title: { text: "%" }, range: [0, 100] },
     yaxis2: { title: { text: "Gb/s" }, overlaying: "y", side: "right", rangemode: "tozero", showgrid: false },
   };
@@ -31,5 +33,6 @@
       x: [[t], [t], [t]],
       y: [[usage.gpu_util_pct], [usage.gpu_mem_used_pct], [usage.net_gbps]],
     }, [0, 1, 2], HOUR_OF_SECONDS);
+    Plotly.relayout(el, { "xaxis.range": lastHour(e.detail.at * 1000) });
   });
 })();
