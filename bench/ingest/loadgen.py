@@ -24,6 +24,7 @@ import asyncio
 import functools
 import json
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -59,7 +60,8 @@ class Agent:
         self.ws = None
         self.seq = 0
         self.parts = None
-        self.built_at = -REFRESH_S
+        # Re-encodings spread evenly over REFRESH_S, not all 2,000 in one burst.
+        self.built_at = time.monotonic() - REFRESH_S * random.random()
         self.errors = 0
 
     async def start(self, compression):
@@ -97,7 +99,7 @@ class Agent:
             pass
 
     def frame(self, now_mono):
-        if now_mono - self.built_at >= REFRESH_S:
+        if self.parts is None or now_mono - self.built_at >= REFRESH_S:
             text = protocol.encode(protocol.sample_frame(
                 seq=SEQ_MARK, ts=TS_MARK, gpus=self.backend.read_gpus(),
                 node=self.node_metrics))

@@ -232,7 +232,7 @@ def profile_summary(raw_path, out_path, top=30):
             continue
         count = int(count)
         total += count
-        frames = stack.split(";")
+        frames = [re.sub(r":\d+\)$", ")", frame) for frame in stack.split(";")]
         own[frames[-1]] += count
         for frame in set(frames):
             inclusive[frame] += count
@@ -256,8 +256,8 @@ def package_of(frame):
         return path.split("site-packages/")[1].split("/")[0]
     if "/python3." in path:
         return "stdlib:" + path.split("/python3.")[1].split("/", 1)[-1].split("/")[0]
-    if str(REPO) in path or not path.startswith("/"):
-        return "clusterui:" + path.replace(str(REPO) + "/", "").split("/")[0]
+    if path.startswith(str(REPO)):
+        return "clusterui:" + path.replace(str(REPO) + "/", "")
     return path
 
 
@@ -395,7 +395,8 @@ def start_profile(servers, kind, rate, workdir):
     out = workdir / f"profile-{kind}-{rate}.raw"
     argv = pinned(1, [shutil.which("py-spy") or str(Path(PY).parent / "py-spy"), "record",
                       "--pid", str(servers.procs[0].pid), "--duration", "8", "--rate", "200",
-                      "--nonblocking", "--format", "raw", "--output", str(out)])
+                      "--nonblocking", "--full-filenames", "--format", "raw",
+                      "--output", str(out)])
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out
 
 
