@@ -10,6 +10,7 @@ group_send (PROTOCOL.md traffic stays inside the process that received it).
 
 import asyncio
 import logging
+import math
 import os
 import time
 import uuid
@@ -62,17 +63,19 @@ def read_cluster_facts():
 def record_tick(seen, now, *, just_started):
     """The publisher ran at `now`; seen: {node_id: unix time of its latest frame}.
 
-    Each node's last_seen is the exact time its latest frame arrived (a few batched
-    statements for the whole fleet), written before the publisher's own status in the same
-    transaction: a heartbeat sweep never sees this tick's time with last tick's last_seen.
+    last_seen is the frame's time rounded UP to a tenth of a second: a few UPDATEs for the
+    whole fleet, and never earlier than the frame (a node is never judged silent early).
+    It is written before the publisher's own status, in one transaction: a heartbeat sweep
+    never sees this tick's time with last tick's last_seen.
     """
     close_old_connections()
+    by_tenth = {}
+    for node_id, received_at in seen.items():
+        by_tenth.setdefault(math.ceil(received_at * 10), []).append(node_id)
     with transaction.atomic():
-        Node.objects.bulk_update(
-            [Node(pk=node_id, last_seen=datetime.fromtimestamp(received_at, tz=dt_timezone.utc))
-             for node_id, received_at in seen.items()],
-            ["last_seen"], batch_size=500,
-        )
+        for tenth, node_ids in by_tenth.items():
+            at = datetime.fromtimestamp(tenth / 10, tz=dt_timezone.utc)
+            Node.objects.filter(pk__in=node_ids).update(last_seen=at)
         if just_started or not PublisherStatus.objects.filter(pk=1).update(seen_at=now):
             PublisherStatus.objects.update_or_create(pk=1, defaults={"started_at": now,
                                                                      "seen_at": now})
