@@ -152,5 +152,7 @@ services_export_env() {
     SECRET_KEY=$("$PY" -c 'import secrets, string; a = string.ascii_letters + string.digits; print("".join(secrets.choice(a) for _ in range(64)))')
     export SECRET_KEY
     export ALLOWED_HOSTS=127.0.0.1,localhost,testserver
+    # Everything here speaks plain http on loopback: no redirect to https.
+    export SECURE_SSL_REDIRECT=false
     unset DATABASE_URL_FILE REDIS_URL_FILE SECRET_KEY_FILE CELERY_BROKER_URL
 }

@@ -72,3 +72,13 @@ def test_embedded_mode_needs_nothing(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["django.db.backends.sqlite3",
                                      "channels.layers.InMemoryChannelLayer"]
+
+
+def test_production_settings_pass_the_deploy_check():
+    env = {k: v for k, v in os.environ.items() if k not in GOOD and not k.startswith("SECURE_")}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT, env={**env, **GOOD, "SECRET_KEY": "x7Qp2Lm9Vt4Rb8Kd1Zs6Hw3Ny5Fj0Ga" * 2},
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
