@@ -7,8 +7,21 @@
 #   services_start              # PostgreSQL on $PG_PORT, Redis on $REDIS_PORT, under $TMP
 #   services_export_env         # production mode against them
 #
-# Needs PY (a Python), and the caller's `log` and `as_root` functions. Sets TMP, PGBIN,
+# Needs PY (a Python). Defines `log` and `as_root` for its callers too. Sets TMP, PGBIN,
 # PGROOT, PGDATA, PG_PORT, PG_STARTED, REDIS_PORT and REDIS_PID.
+
+log() { printf '==> %s\n' "$*"; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null; then
+        sudo "$@"
+    else
+        echo "$(basename "$0"): need root to run: $*" >&2
+        return 1
+    fi
+}
 
 pg_bindir() {
     # The newest installed server, e.g. /usr/lib/postgresql/15/bin.

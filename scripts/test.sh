@@ -16,19 +16,6 @@ if [ ! -x "$PY" ]; then
     exit 2
 fi
 
-log() { printf '==> %s\n' "$*"; }
-
-as_root() {
-    if [ "$(id -u)" -eq 0 ]; then
-        "$@"
-    elif command -v sudo >/dev/null; then
-        sudo "$@"
-    else
-        echo "test.sh: need root to run: $*" >&2
-        return 1
-    fi
-}
-
 . scripts/services.sh
 
 # --- Debian packages ---------------------------------------------------------------------
