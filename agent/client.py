@@ -58,6 +58,8 @@ class AgentClient:
         backend,
         node_metrics,
         outbox,
+        watchers=(),
+        check_runner=None,
         sample_interval_s=1.0,
         backoff_base_s=BACKOFF_BASE_S,
         backoff_cap_s=BACKOFF_CAP_S,
@@ -76,6 +78,10 @@ class AgentClient:
         self._backend = backend
         self._node_metrics = node_metrics
         self._outbox = outbox
+        self._watchers = list(watchers)
+        self._check_runner = check_runner
+        self._check_tasks = {}  # run_id -> the task running it
+        self._unsent_results = []  # check_result frames that finished while disconnected
         self._backoff_base_s = backoff_base_s
         self._backoff_cap_s = backoff_cap_s
         self._stable_connection_s = stable_connection_s
@@ -91,11 +97,12 @@ class AgentClient:
         try:
             await self._connect_forever()
         finally:
-            collector.cancel()
-            try:
-                await collector
-            except asyncio.CancelledError:
-                pass
+            for task in [collector, *self._check_tasks.values()]:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
 
     # The collector
 
@@ -123,7 +130,10 @@ class AgentClient:
         """Read everything once: events to the outbox (and out), a sample out."""
         gpus = self._backend.read_gpus()
         node = self._node_metrics.read()
-        for event in self._backend.take_events():
+        events = self._backend.take_events()
+        for watcher in self._watchers:
+            events.extend(watcher.poll(gpus))
+        for event in events:
             await self.emit(event)
         ws = self._ws
         if ws is not None:
@@ -249,6 +259,9 @@ class AgentClient:
             )
             for event in pending:
                 await self._send(ws, event)
+            results, self._unsent_results = self._unsent_results, []
+            for result in results:
+                await self._send(ws, result)
 
             async for message in ws:
                 frame = _parse(message)
@@ -325,7 +338,7 @@ class AgentClient:
         elif kind == "command":
             await self._refuse_command(ws, frame)
         elif kind == "run_check":
-            await self._refuse_check(ws, frame)
+            await self._start_check(ws, frame)
         else:
             log.warning("ignoring a frame of unknown type %r", kind)
 
@@ -380,21 +393,46 @@ class AgentClient:
             ),
         )
 
-    async def _refuse_check(self, ws, frame):
+    async def _start_check(self, ws, frame):
+        """Start a requested check in the background; its check_result goes out when it
+        ends (after the next welcome, if the connection dropped meanwhile). A run_id that
+        is already running is not started twice (the server resends unanswered runs)."""
         run_id = frame.get("run_id")
         check = frame.get("check")
-        if run_id is None:
-            log.warning("ignoring a run_check without a run_id: %r", frame)
+        params = frame.get("params")
+        if isinstance(run_id, bool) or not isinstance(run_id, int):
+            log.warning("ignoring a run_check without an integer run_id: %.200r", frame)
             return
-        log.warning("check %s (run %s) is not available in this agent version", check, run_id)
-        await self._send(
-            ws,
-            protocol.check_result_frame(
-                run_id=run_id,
-                status="error",
-                message=f"check {check} is not available in this agent version",
-            ),
-        )
+        if run_id in self._check_tasks:
+            log.info("check run %s is already running", run_id)
+            return
+        if self._check_runner is None:
+            await self._send(ws, protocol.check_result_frame(
+                run_id=run_id, status="error",
+                message=f"check {check} is not available: this agent runs no checks"))
+            return
+        if not isinstance(params, dict):
+            params = {}
+        task = asyncio.create_task(self._run_check(run_id, check, params), name=f"check-{run_id}")
+        self._check_tasks[run_id] = task
+
+    async def _run_check(self, run_id, check, params):
+        try:
+            result = await self._check_runner.run(check, params)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug in a check must not end the agent
+            log.exception("check %s (run %s) failed to run", check, run_id)
+            result = {"status": "error", "message": f"the agent failed to run it: {exc}"}
+        finally:
+            self._check_tasks.pop(run_id, None)
+        frame = protocol.check_result_frame(run_id=run_id, **result)
+        log.info("check %s (run %s): %s %s", check, run_id, frame["status"], frame["message"])
+        ws = self._ws
+        if ws is None:
+            self._unsent_results.append(frame)
+        else:
+            await self._send(ws, frame)
 
 
 def _parse(message):

@@ -242,7 +242,7 @@ def test_a_connection_replaced_by_a_newer_one_reconnects(tmp_path, caplog):
     assert "replaced by a newer connection for node gpu-001" in caplog.text
 
 
-def test_commands_and_checks_are_answered_as_not_supported(tmp_path, caplog):
+def test_commands_and_checks_are_answered_as_not_supported_without_a_check_runner(tmp_path, caplog):
     async def scenario():
         async with FakeServer() as server:
             server.after_welcome = [
@@ -275,7 +275,7 @@ def test_commands_and_checks_are_answered_as_not_supported(tmp_path, caplog):
     [check_result] = connection.of_type("check_result")
     assert check_result["run_id"] == 57
     assert check_result["status"] == "error"
-    assert check_result["message"] == "check gpu_compute is not available in this agent version"
+    assert check_result["message"] == "check gpu_compute is not available: this agent runs no checks"
     assert "ignoring a frame of unknown type 'from_the_future'" in caplog.text
     assert "ignoring a frame that is not JSON" in caplog.text
 
