@@ -97,3 +97,73 @@ class Silence(models.Model):
 
     def __str__(self):
         return f"{self.signature} on {self.node.name} until {self.until:%Y-%m-%d %H:%M}"
+
+
+class CheckRunQuerySet(models.QuerySet):
+    def unfinished(self):
+        return self.filter(status__in=CheckRun.UNFINISHED)
+
+
+class CheckRun(models.Model):
+    """One active check asked of one node's agent (PROTOCOL.md `run_check`), and its result.
+
+    The run's primary key is the protocol's `run_id`; pages and URLs use `public_id`.
+    """
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "queued"  # not yet handed to a connection of the node's agent
+        RUNNING = "running", "running"  # sent to the agent; no result yet
+        PASSED = "passed", "passed"
+        FAILED = "failed", "failed"  # ran, below its baseline: the node has a problem
+        ERROR = "error", "error"  # could not run (no torch on the node, a crash...)
+        TIMED_OUT = "timed_out", "timed out"  # no result before its deadline
+
+    class Purpose(models.TextChoices):
+        ON_DEMAND = "on_demand", "on demand"
+        ACCEPTANCE = "acceptance", "acceptance test"
+        AFTER_REBOOT = "after_reboot", "after reboot"
+
+    UNFINISHED = (Status.QUEUED, Status.RUNNING)
+
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="check_runs")
+    check_name = models.CharField("check", max_length=32)
+    params = models.JSONField(default=dict, blank=True)
+    purpose = models.CharField(max_length=16, choices=Purpose.choices)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    requested_at = models.DateTimeField()
+    boot_id = models.CharField(max_length=64, blank=True, help_text="the node's boot when asked")
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    deadline_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    metrics = models.JSONField(default=dict, blank=True)
+    message = models.TextField(blank=True)
+    health_event = models.ForeignKey(
+        HealthEvent, null=True, blank=True, on_delete=models.SET_NULL, related_name="check_runs"
+    )
+
+    objects = CheckRunQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+        indexes = [
+            models.Index(fields=["node", "purpose", "requested_at"]),
+            models.Index(fields=["status", "deadline_at"]),
+        ]
+
+    def __str__(self):
+        return f"{self.check_name} on {self.node.name} ({self.status})"
+
+    @property
+    def is_finished(self):
+        return self.status not in self.UNFINISHED
+
+    @property
+    def duration_s(self):
+        if self.sent_at is None or self.finished_at is None:
+            return None
+        return (self.finished_at - self.sent_at).total_seconds()

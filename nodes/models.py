@@ -34,6 +34,10 @@ class Node(models.Model):
     boot_tasks_running = models.BooleanField(
         default=False, help_text="boot startup scripts or post-repair checks still running"
     )
+    acceptance_required = models.BooleanField(
+        default=False,
+        help_text="acceptance tests were on for its cluster when it joined or was reprovisioned",
+    )
     acceptance_passed_at = models.DateTimeField(null=True, blank=True)
     paused = models.BooleanField(default=False)
     paused_reason = models.CharField(max_length=255, blank=True)
