@@ -16,3 +16,9 @@ def sweep_health_events():
     refreshed = services.refresh_ended_silences(
         since=now - timedelta(seconds=SWEEP_EVERY_S * 2), now=now)
     return closed, refreshed
+
+
+@shared_task
+def expire_check_runs():
+    """Beat, every 30 s: runs past their deadline without a result time out."""
+    return services.expire_check_runs()

@@ -184,6 +184,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.send_frame(welcome)
         await self.send_frame({"type": "config", "sample_interval_s": ingest.sample_interval_s(),
                                "startup_scripts": []})
+        await self.send_run_checks()
 
     async def agent_replaced(self, message):
         """A newer connection for this node said hello: this one goes (PROTOCOL.md, 4409)."""
@@ -207,8 +208,22 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.send_frame({"type": "ack", "ids": [frame["id"]]})
 
     async def on_check_result(self, frame):
-        logger.info("node %s: check_result for run %s, no such run", self.node_id,
-                    frame["run_id"])
+        if not await database_sync_to_async(ingest.record_check_result)(self.node_id, frame):
+            await self.send_frame({
+                "type": "error", "code": "bad_message",
+                "message": f"check_result.run_id: no run {frame['run_id']} for this node",
+            })
+
+    async def check_run(self, message):
+        """A check run waits for this node's agent (healthchecks.services.do_request_check)."""
+        if self.node_id is None or self.closed:
+            return
+        await self.send_run_checks([message["run_id"]])
+
+    async def send_run_checks(self, run_ids=None):
+        frames = await database_sync_to_async(ingest.run_check_frames_for)(self.node_id, run_ids)
+        for frame in frames:
+            await self.send_frame(frame)
 
     async def on_command_result(self, frame):
         logger.info("node %s: command_result for command %s, no such command", self.node_id,
@@ -220,7 +235,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
 
 class LiveClusterConsumer(AsyncWebsocketConsumer):
-    """/ws/live/cluster/<slug>/: a signed-in browser gets the cluster summary once a second."""
+    """/ws/live/cluster/<slug>/: a signed-in browser gets the cluster summary once a second,
+    and {"type": "health.changed"} when the cluster's health events change."""
 
     group = None
 
@@ -244,6 +260,12 @@ class LiveClusterConsumer(AsyncWebsocketConsumer):
 
     async def cluster_summary(self, message):
         await self.send(text_data=json.dumps(message["summary"]))
+
+    async def health_changed(self, message):
+        """From healthchecks.services.announce_health_change: an event opened, counted, closed
+        or was acknowledged. The Health checks tab re-fetches its table (static/js/health.js)."""
+        await self.send(text_data=json.dumps({"type": "health.changed",
+                                              "cluster": message["cluster"]}))
 
 
 def may_watch(user, slug):

@@ -12,7 +12,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from healthchecks.catalog import policy_for
-from healthchecks.services import do_close_health_event, do_record_health_event
+from healthchecks.services import (
+    do_close_health_event,
+    do_mark_check_sent,
+    do_record_check_result,
+    do_record_health_event,
+    start_checks_after_hello,
+    unfinished_run_ids,
+)
 
 from .models import AgentEventReceipt, AgentToken, Node
 from .services import do_issue_node_token, do_record_hello, do_register_node, find_usable_token
@@ -70,11 +77,14 @@ def accept_hello(grant, frame, now=None):
         if node is None:
             node = do_register_node(token.cluster, frame["node"], now=now)
         else:
-            Node.objects.filter(pk=node.pk).update(joined_at=now)
+            Node.objects.filter(pk=node.pk).update(
+                joined_at=now, acceptance_required=token.cluster.acceptance_tests_enabled)
             note_on_timeline(node, "re-joined with a join token", now=now)
         node_token = do_issue_node_token(node, now=now)
+    rebooted = frame["boot_id"] != node.boot_id
     do_record_hello(node, boot_id=frame["boot_id"], agent_version=frame["agent_version"],
                     gpus=frame["gpus"], now=now)
+    start_checks_after_hello(node, rebooted=rebooted, now=now)
     return HelloOutcome(node_id=node.pk, cluster_id=node.cluster_id, node_token=node_token)
 
 
@@ -116,3 +126,21 @@ def ingest_event(node_id, frame, now=None):
     AgentEventReceipt.objects.create(event_id=event_id, node=node, received_at=now,
                                      health_event=health_event)
     return True
+
+
+def run_check_frames_for(node_id, run_ids=None, now=None):
+    """run_check frames to send on the node's connection: the given runs, or every unfinished
+    one (after a hello), each marked as sent."""
+    if run_ids is None:
+        run_ids = unfinished_run_ids(node_id)
+    frames = (do_mark_check_sent(node_id, run_id, now=now) for run_id in run_ids)
+    return [frame for frame in frames if frame is not None]
+
+
+def record_check_result(node_id, frame, now=None):
+    """True when the result belonged to one of the node's runs."""
+    node = Node.objects.get(pk=node_id)
+    run = do_record_check_result(node, run_id=frame["run_id"], status=frame["status"],
+                                 metrics=frame.get("metrics"), message=frame.get("message") or "",
+                                 now=now)
+    return run is not None

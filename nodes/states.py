@@ -32,6 +32,7 @@ class NodeFacts:
     running_repair: str = ""
     ever_connected: bool = False
     acceptance_pending: bool = False
+    acceptance_detail: str = ""
     boot_window_open: bool = False
     boot_tasks_running: bool = False
     worst_open_problem: str = ""
@@ -46,7 +47,7 @@ def compute_state(facts):
     if not facts.ever_connected:
         return NodeState.PENDING, "agent has never connected"
     if facts.acceptance_pending:
-        return NodeState.PENDING, "acceptance tests have not passed yet"
+        return NodeState.PENDING, facts.acceptance_detail or "acceptance tests have not passed yet"
     if facts.boot_window_open:
         return NodeState.BOOTING, "rebooted (new boot id)"
     if facts.boot_tasks_running:
@@ -89,8 +90,34 @@ def open_problem_events(node, now):
     )
 
 
+def acceptance_detail(node):
+    """Where a node's acceptance battery stands: running, or which checks did not pass."""
+    from healthchecks.checks import ACCEPTANCE_CHECKS
+    from healthchecks.models import CheckRun
+
+    runs = CheckRun.objects.filter(
+        node=node, purpose=CheckRun.Purpose.ACCEPTANCE, requested_at__gte=node.joined_at
+    ).order_by("requested_at", "id")
+    latest = {run.check_name: run for run in runs}
+    if not latest:
+        return "acceptance tests have not started"
+    if any(run.status in CheckRun.UNFINISHED for run in latest.values()):
+        return "running acceptance tests"
+    failed = [f"{name} {latest[name].get_status_display()}" for name in ACCEPTANCE_CHECKS
+              if name in latest and latest[name].status != CheckRun.Status.PASSED]
+    return "acceptance tests did not pass: " + ", ".join(failed) if failed else ""
+
+
+def checks_after_reboot_running(node):
+    from healthchecks.models import CheckRun
+
+    return CheckRun.objects.unfinished().filter(
+        node=node, purpose=CheckRun.Purpose.AFTER_REBOOT, boot_id=node.boot_id
+    ).exists()
+
+
 def facts_for(node, now):
-    acceptance_pending = node.cluster.acceptance_tests_enabled and (
+    acceptance_pending = node.acceptance_required and (
         node.acceptance_passed_at is None or node.acceptance_passed_at < node.joined_at
     )
     return NodeFacts(
@@ -98,8 +125,9 @@ def facts_for(node, now):
         paused_reason=node.paused_reason,
         ever_connected=node.last_hello_at is not None,
         acceptance_pending=acceptance_pending,
+        acceptance_detail=acceptance_detail(node) if acceptance_pending else "",
         boot_window_open=node.booted_at is not None and now - node.booted_at < boot_window(),
-        boot_tasks_running=node.boot_tasks_running,
+        boot_tasks_running=node.boot_tasks_running or checks_after_reboot_running(node),
         worst_open_problem=describe_open_problems(open_problem_events(node, now)),
     )
 

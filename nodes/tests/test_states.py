@@ -67,7 +67,7 @@ def test_refresh_writes_the_state_and_one_transition_only_on_change(operator):
 
 @pytest.mark.django_db
 def test_acceptance_tests_hold_a_node_pending_until_they_pass_since_it_joined():
-    node = NodeFactory(state=NodeState.HEALTHY, cluster__acceptance_tests_enabled=True)
+    node = NodeFactory(state=NodeState.HEALTHY, acceptance_required=True)
     refresh_node_state(node)
     node.refresh_from_db()
     assert node.state == NodeState.PENDING
