@@ -15,7 +15,8 @@ from .states import refresh_node_state
 @transaction.atomic
 def do_register_node(cluster, name, *, hostname="", actor=None, now=None):
     now = now or timezone.now()
-    node = Node(cluster=cluster, name=name, hostname=hostname or name, joined_at=now)
+    node = Node(cluster=cluster, name=name, hostname=hostname or name, joined_at=now,
+                acceptance_required=cluster.acceptance_tests_enabled)
     node.full_clean(exclude=["state"])
     node.save()
     refresh_node_state(node, actor=actor, reason="registered", now=now)
