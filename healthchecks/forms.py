@@ -8,3 +8,38 @@ class ResolveForm(forms.Form):
 class SilenceForm(forms.Form):
     hours = forms.FloatField(min_value=0.25, max_value=24 * 14, initial=4)
     reason = forms.CharField(max_length=200)
+
+
+ACCEPTANCE_BATTERY = "acceptance"
+
+
+class RunCheckForm(forms.Form):
+    """Which check to run on which node of the cluster; "acceptance" runs the whole battery."""
+
+    node = forms.CharField(max_length=63)
+    check = forms.ChoiceField()
+
+    def __init__(self, *args, cluster, **kwargs):
+        from .checks import CHECKS
+
+        super().__init__(*args, **kwargs)
+        self.cluster = cluster
+        self.fields["check"].choices = [
+            *((check.name, check.label) for check in CHECKS.values()),
+            (ACCEPTANCE_BATTERY, "Acceptance tests (the whole battery)"),
+        ]
+
+    def clean_node(self):
+        name = self.cleaned_data["node"]
+        node = self.cluster.nodes.filter(name=name).first()
+        if node is None:
+            raise forms.ValidationError(f"No node {name} in {self.cluster.name}.")
+        return node
+
+    def checks_and_purpose(self):
+        from .checks import ACCEPTANCE_CHECKS
+        from .models import CheckRun
+
+        if self.cleaned_data["check"] == ACCEPTANCE_BATTERY:
+            return ACCEPTANCE_CHECKS, CheckRun.Purpose.ACCEPTANCE
+        return (self.cleaned_data["check"],), CheckRun.Purpose.ON_DEMAND
