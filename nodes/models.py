@@ -45,6 +45,10 @@ class Node(models.Model):
     boot_id = models.CharField(max_length=64, blank=True)
     agent_version = models.CharField(max_length=32, blank=True)
     last_seen = models.DateTimeField(null=True, blank=True)
+    hello_gpus = models.JSONField(
+        null=True, blank=True,
+        help_text="the GPUs of the latest hello, as the agent listed them (null: none recorded)",
+    )
 
     class Meta:
         ordering = ["cluster", "name"]
@@ -64,18 +68,36 @@ class Node(models.Model):
         return STATE_COLOURS[self.state]
 
 
+class GpuQuerySet(models.QuerySet):
+    def in_inventory(self):
+        return self.filter(removed_at__isnull=True)
+
+
 class Gpu(models.Model):
+    """A GPU of a node's inventory, or one that left it (kept for its events' history)."""
+
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
     index = models.PositiveSmallIntegerField()
     uuid = models.CharField("UUID", max_length=64)
     name = models.CharField("model", max_length=64, blank=True)
     pci_bus_id = models.CharField("PCI bus id", max_length=32, blank=True)
     memory_total_bytes = models.BigIntegerField(null=True, blank=True)
+    missing_since = models.DateTimeField(
+        null=True, blank=True,
+        help_text="first absent from a hello then; cleared when the inventory is accepted",
+    )
+    removed_at = models.DateTimeField(
+        null=True, blank=True, help_text="left the inventory (an accepted replacement or loss)"
+    )
+
+    objects = GpuQuerySet.as_manager()
 
     class Meta:
         ordering = ["node", "index"]
         constraints = [
-            models.UniqueConstraint(fields=["node", "index"], name="gpu_index_unique_in_node"),
+            # A GPU that left the inventory gives its index to the one that replaced it.
+            models.UniqueConstraint(fields=["node", "index"], name="gpu_index_unique_in_node",
+                                    condition=models.Q(removed_at__isnull=True)),
             models.UniqueConstraint(fields=["node", "uuid"], name="gpu_uuid_unique_in_node"),
         ]
 

@@ -4,10 +4,25 @@ import hashlib
 import secrets
 
 from django.db import transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
-from clusterui.services import record_audit
+from clusterui.services import actor_name, record_audit
+from healthchecks.choices import Severity
+from healthchecks.models import HealthEvent
+from healthchecks.services import do_close_health_event, do_record_health_event
 
+from .inventory import (
+    GPU_LOST,
+    MISSING_FROM_HELLO,
+    InventoryDifference,
+    InventoryReview,
+    gpu_list,
+    hello_gpu,
+    hello_problem,
+    inventory_difference,
+    inventory_gpu,
+)
 from .models import AgentToken, Gpu, Node
 from .states import refresh_node_state
 
@@ -28,44 +43,133 @@ def do_register_node(cluster, name, *, hostname="", actor=None, now=None):
 def do_record_hello(node, *, boot_id, agent_version="", gpus=(), now=None):
     """A hello from the node's agent: it is connected; a new boot_id means it rebooted.
 
-    `gpus` is the hello's list of {index, uuid, name, pci_bus_id, memory_total_bytes};
-    GPUs not yet in the inventory are added (a GPU missing from it is the health rules').
+    `gpus` is the hello's list of {index, uuid, name, pci_bus_id, memory_total_bytes}. It is
+    kept on the node; new GPUs join the inventory, and a GPU of the inventory missing from
+    it opens gpu_lost (nodes/inventory.py).
     """
     now = now or timezone.now()
     node = Node.objects.select_for_update().get(pk=node.pk)
     rebooted = boot_id != node.boot_id
+    hello = [hello_gpu(gpu) for gpu in gpus]
     Node.objects.filter(pk=node.pk).update(
         last_hello_at=now,
         last_seen=now,
         boot_id=boot_id,
         agent_version=agent_version,
+        hello_gpus=hello,
         **({"booted_at": now} if rebooted else {}),
     )
-    # New GPUs join the inventory; one at an index another GPU holds (a replaced GPU) waits
-    # for a repair's verify step or an operator to accept it.
-    known = dict(node.gpus.values_list("uuid", "index"))
-    taken = set(known.values())
-    Gpu.objects.bulk_create(
-        [
-            Gpu(
-                node=node,
-                index=gpu["index"],
-                uuid=gpu["uuid"],
-                name=gpu.get("name") or "",
-                pci_bus_id=gpu.get("pci_bus_id") or "",
-                memory_total_bytes=gpu.get("memory_total_bytes"),
-            )
-            for gpu in gpus
-            if gpu["uuid"] not in known and gpu["index"] not in taken
-        ]
-    )
+    _add_new_gpus(node, hello)
     if not rebooted:
         reason = "agent reconnected"
     else:
         reason = "rebooted (new boot id)" if node.boot_id else "first hello from the agent"
     refresh_node_state(node, reason=reason, now=now)
+    _note_missing_gpus(node, hello, boot_id=boot_id, now=now)
     node.refresh_from_db()
     return node
+
+
+def _add_new_gpus(node, hello):
+    """A hello's GPUs the inventory lacks join it at a free index (one that left it earlier
+    rejoins with its row); one at an index another GPU holds (a replaced GPU) waits for a
+    repair's verify step or an operator to accept it (do_accept_gpu_inventory)."""
+    rows = list(node.gpus.all())
+    in_inventory = {gpu.uuid for gpu in rows if gpu.removed_at is None}
+    taken = {gpu.index for gpu in rows if gpu.removed_at is None}
+    left = {gpu.uuid: gpu for gpu in rows if gpu.removed_at is not None}
+    joining = []
+    for gpu in hello:
+        if gpu["uuid"] in in_inventory or gpu["index"] in taken:
+            continue
+        in_inventory.add(gpu["uuid"])
+        taken.add(gpu["index"])
+        if gpu["uuid"] in left:
+            Gpu.objects.filter(pk=left[gpu["uuid"]].pk).update(
+                **gpu, removed_at=None, missing_since=None)
+        else:
+            joining.append(Gpu(node=node, **gpu))
+    Gpu.objects.bulk_create(joining)
+
+
+def _note_missing_gpus(node, hello, *, boot_id, now):
+    """Inventory GPUs absent from the hello are marked missing and get a gpu_lost, unless
+    one is open on them (a repeated hello is not a new loss). One present again loses the
+    mark; its gpu_lost stays open, an edge signal (DESIGN.md)."""
+    in_hello = {gpu["uuid"] for gpu in hello}
+    inventory = list(node.gpus.in_inventory())
+    missing = [gpu for gpu in inventory if gpu.uuid not in in_hello]
+    Gpu.objects.filter(pk__in=[gpu.pk for gpu in inventory if gpu.uuid in in_hello],
+                       missing_since__isnull=False).update(missing_since=None)
+    Gpu.objects.filter(pk__in=[gpu.pk for gpu in missing if gpu.missing_since is None]).update(
+        missing_since=now)
+    lost_open = set(HealthEvent.objects.open().filter(signature=GPU_LOST, gpu__in=missing)
+                    .values_list("gpu_id", flat=True))
+    for gpu in missing:
+        if gpu.pk in lost_open:
+            continue
+        do_record_health_event(
+            node, signature=GPU_LOST, severity=Severity.CRITICAL, gpu=gpu,
+            message=f"GPU {gpu.index} ({gpu.uuid}) is missing from the agent's hello",
+            evidence={
+                MISSING_FROM_HELLO: inventory_gpu(gpu),
+                "hello_gpus": gpu_list(hello),
+                "inventory_gpus": gpu_list(inventory),
+                "boot_id": boot_id,
+            },
+            now=now,
+        )
+
+
+def review_gpu_inventory(node):
+    """What accepting the node's latest hello as its inventory would change and close."""
+    node = Node.objects.get(pk=node.pk)
+    inventory = list(node.gpus.in_inventory())
+    problem = hello_problem(node.hello_gpus)
+    difference = InventoryDifference() if problem else inventory_difference(
+        inventory, node.hello_gpus)
+    # Closed: gpu_lost on the GPUs that leave, and those this rule opened on GPUs present
+    # again; a gpu_lost the agent saw on a GPU still listed waits for a reboot's check.
+    gpu_lost = HealthEvent.objects.open().filter(signature=GPU_LOST, gpu__isnull=False).filter(
+        Q(gpu__in=difference.missing) | Q(evidence__has_key=MISSING_FROM_HELLO))
+    return InventoryReview(difference, tuple(gpu_lost.filter(node=node).select_related("gpu")),
+                           problem)
+
+
+@transaction.atomic
+def do_accept_gpu_inventory(node, *, actor, request=None, now=None):
+    """The node's inventory becomes the GPUs of its latest hello, and the gpu_lost events
+    that settles close: an operator's decision, or a repair's verify step (actor None).
+    Returns the InventoryReview it carried out; nothing changes unless it is acceptable."""
+    now = now or timezone.now()
+    node = Node.objects.select_for_update().select_related("cluster").get(pk=node.pk)
+    review = review_gpu_inventory(node)
+    if not review.acceptable:
+        return review
+    difference = review.difference
+    Gpu.objects.filter(pk__in=[gpu.pk for gpu in difference.missing]).update(removed_at=now)
+    # Indexes move one row at a time and two GPUs may swap theirs: the moving rows step out
+    # of the way first (NVML indexes stay far below 1000).
+    Gpu.objects.filter(pk__in=[gpu.pk for gpu, _ in difference.changed]).update(
+        index=F("index") + 1000)
+    for gpu, seen in difference.changed:
+        Gpu.objects.filter(pk=gpu.pk).update(**seen)
+    left = {gpu.uuid: gpu for gpu in node.gpus.filter(removed_at__isnull=False)}
+    for seen in difference.waiting:
+        if seen["uuid"] in left:
+            Gpu.objects.filter(pk=left[seen["uuid"]].pk).update(**seen, removed_at=None)
+        else:
+            Gpu.objects.create(node=node, **seen)
+    node.gpus.in_inventory().update(missing_since=None)
+    for event in review.gpu_lost:
+        do_close_health_event(event, reason=f"GPU inventory accepted by {actor_name(actor)}",
+                              actor=actor, now=now)
+    record_audit(actor, "node.accept_gpu_inventory", node, cluster=node.cluster,
+                 changes={**difference.for_audit(),
+                          "closed_events": [str(event.public_id) for event in review.gpu_lost]},
+                 request=request, now=now)
+    refresh_node_state(node, actor=actor, reason="GPU inventory accepted", now=now)
+    return review
 
 
 @transaction.atomic
