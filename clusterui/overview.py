@@ -29,6 +29,15 @@ def state_counts(cluster):
     ]
 
 
+def nodes_in_acceptance(cluster):
+    """How many of the cluster's nodes are running their acceptance tests now."""
+    from healthchecks.models import CheckRun
+
+    return (CheckRun.objects.unfinished()
+            .filter(node__cluster=cluster, purpose=CheckRun.Purpose.ACCEPTANCE)
+            .values("node").distinct().count())
+
+
 def usage(cluster, now=None):
     now = now or timezone.now()
     rollups = list(

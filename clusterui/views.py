@@ -67,6 +67,7 @@ def overview(request, slug):
         "tab": "overview",
         "counts": counts,
         "node_count": sum(c["count"] for c in counts),
+        "nodes_in_acceptance": read.nodes_in_acceptance(cluster),
         "usage": read.usage(cluster),
         "timeline": timeline,
         "filters": filters,

@@ -1,5 +1,6 @@
 from django.contrib import messages
 from django.core.paginator import Paginator
+from django.db.models import Case, Count, Max, Value, When
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
@@ -7,6 +8,7 @@ from clusterui.roles import Role, require_role
 from clusterui.views import get_cluster_for_user
 
 from .catalog import catalog
+from .choices import Severity
 from .filters import HealthEventFilter
 from .forms import ResolveForm, SilenceForm
 from .models import HealthEvent
@@ -21,6 +23,16 @@ def get_event_for_user(request, slug, public_id):
                              node__cluster=cluster, public_id=public_id)
 
 
+def open_events_by_signature(cluster):
+    """Per signature, the cluster's open events: how many, on how many nodes, and the worst
+    severity among them; worst first. One query."""
+    rank = Case(*[When(severity=s, then=Value(i)) for i, s in enumerate(Severity.values)])
+    rows = (HealthEvent.objects.open().filter(node__cluster=cluster).values("signature")
+            .annotate(events=Count("id"), nodes=Count("node", distinct=True), worst=Max(rank))
+            .order_by("-worst", "-events", "signature"))
+    return [{**row, "severity": Severity.values[row["worst"]]} for row in rows]
+
+
 @require_GET
 @require_role(Role.VIEWER)
 def event_list(request, slug):
@@ -31,10 +43,10 @@ def event_list(request, slug):
     matching = event_filter.qs if event_filter.is_valid() else events.none()
     page = Paginator(matching, EVENTS_PAGE_SIZE).get_page(request.GET.get("page"))
     context = {"cluster": cluster, "tab": "health", "filter": event_filter, "page": page,
-               "xids": catalog()}
-    return render(
-        request, "healthchecks/list.html" + ("#event-table" if request.htmx else ""), context
-    )
+               "signature_counts": open_events_by_signature(cluster), "xids": catalog()}
+    # htmx (filters, pages, live refresh): the table, and the counts out of band.
+    return render(request, "healthchecks/_event_table_response.html" if request.htmx
+                  else "healthchecks/list.html", context)
 
 
 def _event_row_or_back(request, event):

@@ -9,4 +9,6 @@ urlpatterns = [
     path("<str:name>/", views.node_detail, name="detail"),
     path("<str:name>/pause/", views.node_pause, name="pause"),
     path("<str:name>/resume/", views.node_resume, name="resume"),
+    path("<str:name>/gpus/accept/", views.node_accept_gpu_inventory,
+         name="accept_gpu_inventory"),
 ]

@@ -6,7 +6,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_not_required
 from django.http import HttpResponse
 from django.core.paginator import Paginator
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
@@ -17,7 +17,12 @@ from .filters import NodeFilter
 from .forms import PauseNodeForm
 from .metrics import render_metrics
 from .models import Node
-from .services import do_pause_node, do_resume_node
+from .services import (
+    do_accept_gpu_inventory,
+    do_pause_node,
+    do_resume_node,
+    review_gpu_inventory,
+)
 
 NODES_PAGE_SIZE = 50
 
@@ -31,7 +36,8 @@ def get_node_for_user(request, slug, name):
 @require_role(Role.VIEWER)
 def node_list(request, slug):
     cluster = get_cluster_for_user(request, slug)
-    nodes = Node.objects.filter(cluster=cluster).annotate(gpu_count=Count("gpus")).order_by("name")
+    nodes = Node.objects.filter(cluster=cluster).annotate(
+        gpu_count=Count("gpus", filter=Q(gpus__removed_at__isnull=True))).order_by("name")
     node_filter = NodeFilter(request.GET, queryset=nodes)
     matching = node_filter.qs if node_filter.is_valid() else nodes.none()
     page = Paginator(matching, NODES_PAGE_SIZE).get_page(request.GET.get("page"))
@@ -47,13 +53,17 @@ def node_detail(request, slug, name):
         "cluster": node.cluster,
         "tab": "nodes",
         "node": node,
-        "gpus": node.gpus.all(),
+        **gpu_inventory_context(node),
         "open_events": node.health_events.open().select_related("gpu"),
         "transitions": node.transitions.all()[:50],
         "pause_form": PauseNodeForm(),
         "grafana_url": grafana_url(node),
     }
     return render(request, "nodes/detail.html", context)
+
+
+def gpu_inventory_context(node):
+    return {"gpus": node.gpus.in_inventory(), "inventory_review": review_gpu_inventory(node)}
 
 
 def grafana_url(node):
@@ -85,6 +95,26 @@ def node_resume(request, slug, name):
     else:
         messages.info(request, f"{node.name} was not paused.")
     return _node_status_or_redirect(request, node)
+
+
+@require_POST
+@require_role(Role.OPERATOR)
+def node_accept_gpu_inventory(request, slug, name):
+    """The node's latest hello becomes its GPU inventory (DESIGN.md: gpu_lost)."""
+    node = get_node_for_user(request, slug, name)
+    review = do_accept_gpu_inventory(node, actor=request.user, request=request)
+    if review.acceptable:
+        closed = len(review.gpu_lost)
+        messages.success(request, f"{node.name}: GPU inventory accepted"
+                         + (f", {closed} gpu_lost closed." if closed else "."))
+    else:
+        messages.info(request, f"{node.name}: nothing to accept"
+                      + (f" ({review.problem})." if review.problem else "."))
+    if not request.htmx:
+        return redirect(node)
+    context = {"cluster": node.cluster, "node": node, "inventory_response": True,
+               **gpu_inventory_context(node)}
+    return render(request, "nodes/detail.html#gpu-inventory", context)
 
 
 def _node_status_or_redirect(request, node):

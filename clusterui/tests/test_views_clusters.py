@@ -168,3 +168,9 @@ def test_only_admins_handle_join_tokens(client_for, persona, request, cluster):
     assert client.post(reverse("clusterui:join_token_revoke",
                                args=[cluster.slug, token.public_id])).status_code == 403
     assert "Join tokens" not in client.get(settings_url(cluster)).text
+
+
+def test_the_settings_page_explains_the_acceptance_tests_trade_off(client_for, admin, cluster):
+    page = client_for(admin).get(reverse("clusterui:cluster_settings", args=[cluster.slug])).text
+    assert "stays pending, taking no work, until its agent passes" in page
+    assert "Recommended for multi-GPU training and long-running clusters" in page

@@ -151,3 +151,14 @@ def test_its_queries_do_not_grow_with_the_number_of_nodes(client_for, viewer, cl
 
     assert response.context["node_count"] == 2000
     assert len(at_2000) == len(at_10), [q["sql"] for q in at_2000]
+
+
+def test_it_says_when_nodes_are_running_acceptance_tests(client_for, viewer, cluster):
+    from healthchecks.services import do_request_check
+
+    url = reverse("clusterui:overview", args=[cluster.slug])
+    assert "Running acceptance tests" not in client_for(viewer).get(url).text
+    for node in NodeFactory.create_batch(2, cluster=cluster, state=NodeState.PENDING):
+        do_request_check(node, "gpu_compute", purpose="acceptance")
+        do_request_check(node, "storage", purpose="acceptance")
+    assert "Running acceptance tests on 2 nodes" in client_for(viewer).get(url).text
