@@ -7,12 +7,29 @@ from django.db.models import F, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
+from nodes.publisher import cluster_group
 from nodes.states import refresh_node_state
 
+from clusterui.realtime import Throttle
 from clusterui.services import record_audit
 
 from .choices import Severity, Source
 from .models import HealthEvent, Silence
+
+
+# Open Health checks tabs refresh their table on "health.changed". An Xid storm counts on one
+# event thousands of times a second: at most one message a second per cluster (per process).
+health_changes = Throttle(interval_s=1.0)
+
+
+def announce_health_change(node):
+    """Once the transaction commits, the open Health checks tabs of the node's cluster hear
+    that its health events changed (not at all if it rolls back)."""
+    slug = node.cluster.slug
+    transaction.on_commit(
+        lambda: health_changes.broadcast(cluster_group(slug), "health.changed", cluster=slug),
+        robust=True,  # committed is committed: a channel layer down loses only the live update
+    )
 
 
 @transaction.atomic
@@ -26,6 +43,7 @@ def do_record_health_event(
     and a signal that loses the race to open it counts on the winner's event.
     """
     now = now or timezone.now()
+    announce_health_change(node)
     same = HealthEvent.objects.open().filter(node=node, gpu=gpu, signature=signature)
     changes = {"count": F("count") + count, "last_seen": Greatest("last_seen", Value(now))}
     if message:
@@ -56,6 +74,7 @@ def do_close_health_event(event, *, reason, actor=None, now=None):
     if closed:
         refresh_node_state(event.node, actor=actor, reason=f"{event.signature} closed: {reason}",
                            now=now)
+        announce_health_change(event.node)
     event.refresh_from_db()
     return bool(closed)
 
@@ -70,6 +89,7 @@ def do_acknowledge_event(event, *, actor, request=None, now=None):
     if done:
         record_audit(actor, "healthevent.acknowledge", event, cluster=event.node.cluster,
                      request=request, now=now)
+        announce_health_change(event.node)
     event.refresh_from_db()
     return bool(done)
 
