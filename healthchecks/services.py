@@ -7,7 +7,6 @@ from django.db.models import F, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from nodes.publisher import cluster_group
 from nodes.states import refresh_node_state
 
 from clusterui.realtime import Throttle
@@ -25,6 +24,8 @@ health_changes = Throttle(interval_s=1.0)
 def announce_health_change(node):
     """Once the transaction commits, the open Health checks tabs of the node's cluster hear
     that its health events changed (not at all if it rolls back)."""
+    from nodes.publisher import cluster_group  # here: the publisher imports health services
+
     slug = node.cluster.slug
     transaction.on_commit(
         lambda: health_changes.broadcast(cluster_group(slug), "health.changed", cluster=slug),
