@@ -2,6 +2,8 @@
 // It fills [data-count] and [data-usage] in place, tells other widgets through DOM events
 // ("cluster-summary" with the summary; "cluster-changed" when the timeline moved, which htmx
 // widgets listen to with hx-trigger="cluster-changed from:body"), and reconnects on loss.
+// Other messages name their type and become DOM events too: "health.changed" is dispatched
+// as "health-changed" (static/js/health.js).
 (function () {
   const slug = document.body.dataset.liveCluster;
   if (!slug) return;
@@ -40,7 +42,15 @@
   function connect() {
     const socket = new WebSocket(url);
     socket.onopen = function () { delay = 1000; document.body.dataset.live = "on"; };
-    socket.onmessage = function (e) { apply(JSON.parse(e.data)); };
+    socket.onmessage = function (e) {
+      const message = JSON.parse(e.data);
+      if (message.type) {
+        const name = message.type.replaceAll(".", "-");
+        document.body.dispatchEvent(new CustomEvent(name, { detail: message }));
+        return;
+      }
+      apply(message);
+    };
     socket.onclose = function () {
       document.body.dataset.live = "off";
       setTimeout(connect, delay);
