@@ -43,15 +43,21 @@ def decide(measurements, params, inventory):
         problems.append(f"NVML lists {count} GPUs, expected {params['expected_gpus']}")
     elif count == 0:
         problems.append("NVML lists no GPUs")
+    # A GPU NVML lists but cannot read (lost) keeps its index: it is named with the
+    # uuid the agent knew there, and reported as unreadable rather than missing.
+    unreadable = {gpu["index"] for gpu in gpus if gpu.get("uuid") is None}
+    known_uuid = {gpu["index"]: gpu["uuid"] for gpu in inventory}
     for gpu in missing_from_inventory(inventory, {gpu.get("uuid") for gpu in gpus}):
-        problems.append(
-            f"{gpu_label(gpu['index'], gpu['uuid'])}: present when the agent started, now missing"
-        )
+        if gpu["index"] not in unreadable:
+            problems.append(
+                f"{gpu_label(gpu['index'], gpu['uuid'])}: present when the agent started, "
+                f"now missing"
+            )
     metrics = {"gpu_count": count, "gpus": {}}
     for gpu in gpus:
         key = gpu.get("uuid") or f"index:{gpu['index']}"
         metrics["gpus"][key] = {name: value for name, value in gpu.items() if name != "uuid"}
-        problems += _gpu_problems(gpu, params)
+        problems += _gpu_problems(gpu, params, gpu.get("uuid") or known_uuid.get(gpu["index"]))
     if problems:
         return failed(metrics, problems)
     checked = ["ECC on", "no row remapping failure or pending remap"]
@@ -65,8 +71,8 @@ def decide(measurements, params, inventory):
     return passed(metrics, f"{count} GPUs: {', '.join(checked)}")
 
 
-def _gpu_problems(gpu, params):
-    label = gpu_label(gpu["index"], gpu.get("uuid"))
+def _gpu_problems(gpu, params, uuid):
+    label = gpu_label(gpu["index"], uuid)
     errors = gpu["errors"]
     unreadable = errors.get("handle") or errors.get("uuid")
     if unreadable:
@@ -139,6 +145,8 @@ def read_gpu(nvml, index):
             return None
 
     gpu["uuid"] = _text(read("uuid", nvml.nvmlDeviceGetUUID))
+    if gpu["uuid"] is None:  # lost, or not answering: nothing more will be read
+        return gpu
     gpu["name"] = _text(read("name", nvml.nvmlDeviceGetName))
     ecc = read("ecc_mode", nvml.nvmlDeviceGetEccMode)  # [current, pending]
     gpu["ecc_mode_current"] = None if ecc is None else ecc[0] == nvml.NVML_FEATURE_ENABLED
