@@ -27,7 +27,9 @@ EXIT_STATUS = {"passed": 0, "failed": 1, "error": 3}
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m agent.checks", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m agent.checks", description=__doc__.split("\n")[0]
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", help="the checks and their params")
     run = commands.add_parser("run", help="run one check and print its result as JSON")
@@ -103,7 +105,10 @@ def nvml_backend_or_none():
 
         return NvmlBackend()
     except BackendUnavailable as exc:
-        print(f"NVML unavailable ({exc}); the check cannot compare with NVML's GPUs", file=sys.stderr)
+        print(
+            f"NVML unavailable ({exc}); the check cannot compare with NVML's GPUs",
+            file=sys.stderr,
+        )
         return None
 
 

@@ -91,7 +91,8 @@ def decide_per_gpu(measurements, inventory, *, value_key, unit, minimum, what, e
         key = gpu["uuid"] or f"cuda:{gpu['index']}"
         if "error" in gpu:
             metrics["gpus"][key] = {"index": gpu["index"], "error": gpu["error"]}
-            problems.append(f"{gpu_label(gpu['index'], gpu['uuid'])}: {what} failed: {gpu['error']}")
+            label = gpu_label(gpu["index"], gpu["uuid"])
+            problems.append(f"{label}: {what} failed: {gpu['error']}")
         else:
             metrics["gpus"][key] = {"index": gpu["index"], value_key: gpu[value_key]}
             measured.append(gpu)

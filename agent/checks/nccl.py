@@ -92,7 +92,9 @@ def decide(measurements, params, inventory):
             f"(wrong results)"
         )
     if measurements["wrong_rows"]:
-        problems.append(f"all_reduce_perf found wrong results at {measurements['wrong_rows']} sizes")
+        problems.append(
+            f"all_reduce_perf found wrong results at {measurements['wrong_rows']} sizes"
+        )
     minimum = params["min_busbw_gbps"]
     average = measurements["avg_busbw_gbps"]
     if minimum is not None and average < minimum:

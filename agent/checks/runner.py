@@ -169,7 +169,10 @@ def _read_outcome(stdout, returncode, stderr_text):
         name = signal.Signals(number).name if number in signal.valid_signals() else "?"
         return {"error": f"the check's process was killed by signal {number} ({name}){why}"}
     if outcome is None and stdout.strip():
-        return {"error": f"the check's process exited with {returncode} and printed no JSON result{why}"}
+        return {
+            "error": f"the check's process exited with {returncode} and printed no JSON "
+            f"result{why}"
+        }
     if outcome is None:
         return {"error": f"the check's process exited with {returncode} without a result{why}"}
     return {"error": f"the check's process printed an unexpected result: {stdout[:200]!r}"}

@@ -95,9 +95,7 @@ class SimulatedCheckRunner:
             tflops = H200_BF16_TFLOPS * self._jitter(GPU_JITTER)
             if slowed:
                 tflops *= HW_SLOWDOWN_FACTOR
-            gpus.append(
-                {"index": gpu["index"], "uuid": gpu["uuid"], "name": gpu["name"], "tflops": round(tflops, 1)}
-            )
+            gpus.append({**_identity(gpu), "tflops": round(tflops, 1)})
         return {"backend": "torch", "size": params["size"], "gpus": gpus}
 
     def _gpu_memory_bandwidth(self, params):
@@ -106,9 +104,7 @@ class SimulatedCheckRunner:
             tbps = H200_COPY_TBPS * self._jitter(GPU_JITTER)
             if slowed:
                 tbps *= HW_SLOWDOWN_FACTOR
-            gpus.append(
-                {"index": gpu["index"], "uuid": gpu["uuid"], "name": gpu["name"], "tbps": round(tbps, 3)}
-            )
+            gpus.append({**_identity(gpu), "tbps": round(tbps, 3)})
         return {"backend": "torch", "bytes": params["bytes"] or DEFAULT_BYTES, "gpus": gpus}
 
     def _nvml_sanity(self, params):
@@ -147,3 +143,8 @@ class SimulatedCheckRunner:
 
     def _nccl(self, params):
         raise CheckError(f"{NOT_INSTALLED} (a simulated node)")
+
+
+def _identity(gpu):
+    """What a compute check's child reports of a GPU, besides its figure."""
+    return {"index": gpu["index"], "uuid": gpu["uuid"], "name": gpu["name"]}

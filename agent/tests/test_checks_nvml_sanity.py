@@ -159,7 +159,9 @@ def test_a_gpu_without_row_remapping_is_not_judged_on_it_but_ecc_not_supported_i
     assert gpu["remap_failure"] is None
     assert gpu["errors"] == {"remapped_rows": "Not Supported"}
     assert ecc_unsupported["status"] == "failed"
-    assert ecc_unsupported["message"] == f"GPU 0 ({fake.uuid(0)}): ECC mode cannot be read: Not Supported"
+    assert ecc_unsupported["message"] == (
+        f"GPU 0 ({fake.uuid(0)}): ECC mode cannot be read: Not Supported"
+    )
 
 
 def test_pcie_that_cannot_be_read_fails_only_when_expected():

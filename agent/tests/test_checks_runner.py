@@ -23,6 +23,10 @@ def make_runner(scratch_dir, gpu_count=2, **options):
     return CheckRunner(SimulatedBackend("gpu-001", gpu_count=gpu_count), scratch_dir, **options)
 
 
+def misbehaving_runner(scratch_dir):
+    return make_runner(scratch_dir, checks=MISBEHAVING)
+
+
 def run(runner, check, params=None):
     return asyncio.run(runner.run(check, {} if params is None else params))
 
@@ -42,7 +46,9 @@ def pid_alive(pid):
 
 @pytest.mark.parametrize("check", ["gpu_compute", "gpu_memory_bandwidth"])
 def test_compute_checks_say_that_neither_torch_nor_cupy_is_installed(tmp_path, check):
-    result = run(make_runner(tmp_path), check, {"min_tflops": 711} if check == "gpu_compute" else {})
+    params = {"min_tflops": 711} if check == "gpu_compute" else {}
+
+    result = run(make_runner(tmp_path), check, params)
 
     assert result == {
         "status": "error",
@@ -77,14 +83,16 @@ def test_bad_params_are_an_error_naming_the_param(tmp_path):
     result = run(make_runner(tmp_path), "gpu_compute", {"min_tflops": "711"})
 
     assert result["status"] == "error"
-    assert result["message"] == "bad params for gpu_compute: min_tflops: expected a number, got '711'"
+    assert result["message"] == (
+        "bad params for gpu_compute: min_tflops: expected a number, got '711'"
+    )
 
 
 # The child's protocol and what the runner survives
 
 
 def test_a_measurement_comes_back_and_is_decided(tmp_path):
-    runner = make_runner(tmp_path, checks=MISBEHAVING)
+    runner = misbehaving_runner(tmp_path)
 
     result = run(runner, "misbehave", {"behaviour": "measure"})
 
@@ -96,14 +104,14 @@ def test_a_measurement_comes_back_and_is_decided(tmp_path):
 
 
 def test_a_check_that_cannot_measure_says_why(tmp_path):
-    result = run(make_runner(tmp_path, checks=MISBEHAVING), "misbehave", {"behaviour": "check_error"})
+    result = run(misbehaving_runner(tmp_path), "misbehave", {"behaviour": "check_error"})
 
     assert result["status"] == "error"
     assert result["message"] == "the thing to measure is not there"
 
 
 def test_a_crash_is_an_error_with_the_end_of_stderr(tmp_path):
-    result = run(make_runner(tmp_path, checks=MISBEHAVING), "misbehave", {"behaviour": "crash"})
+    result = run(misbehaving_runner(tmp_path), "misbehave", {"behaviour": "crash"})
 
     assert result["status"] == "error"
     assert result["message"].startswith("the check's process exited with 1 without a result: ")
@@ -112,7 +120,7 @@ def test_a_crash_is_an_error_with_the_end_of_stderr(tmp_path):
 
 
 def test_what_libraries_print_on_stdout_does_not_spoil_the_result(tmp_path):
-    result = run(make_runner(tmp_path, checks=MISBEHAVING), "misbehave", {"behaviour": "noisy_stdout"})
+    result = run(misbehaving_runner(tmp_path), "misbehave", {"behaviour": "noisy_stdout"})
 
     assert result["status"] == "passed"
     assert result["metrics"] == {"value": 43}
@@ -123,7 +131,7 @@ def test_at_its_time_limit_the_child_and_its_own_processes_are_stopped(tmp_path)
     started = time.monotonic()
 
     result = run(
-        make_runner(tmp_path, checks=MISBEHAVING),
+        misbehaving_runner(tmp_path),
         "misbehave",
         {"behaviour": "hang_with_child", "limit_s": 1, "marker": str(marker)},
     )
@@ -137,7 +145,7 @@ def test_at_its_time_limit_the_child_gets_to_clean_up(tmp_path):
     marker = tmp_path / "scratch-file"
 
     result = run(
-        make_runner(tmp_path, checks=MISBEHAVING),
+        misbehaving_runner(tmp_path),
         "misbehave",
         {"behaviour": "hang_then_clean_up", "limit_s": 1, "marker": str(marker)},
     )
@@ -147,9 +155,9 @@ def test_at_its_time_limit_the_child_gets_to_clean_up(tmp_path):
 
 
 def test_output_that_is_not_json_is_an_error():
-    outcome = asyncio.run(
-        run_child([sys.executable, "-c", "print('hello'); import sys; print('oops', file=sys.stderr)"], {}, 5)
-    )
+    program = "import sys; print('hello'); print('oops', file=sys.stderr)"
+
+    outcome = asyncio.run(run_child([sys.executable, "-c", program], {}, 5))
 
     assert outcome == {
         "error": "the check's process exited with 0 and printed no JSON result: oops"
@@ -157,7 +165,10 @@ def test_output_that_is_not_json_is_an_error():
 
 
 def test_a_child_killed_by_a_signal_is_an_error():
-    program = "import os, signal, sys; print('dying', file=sys.stderr, flush=True); os.kill(os.getpid(), signal.SIGKILL)"
+    program = (
+        "import os, signal, sys; print('dying', file=sys.stderr, flush=True); "
+        "os.kill(os.getpid(), signal.SIGKILL)"
+    )
 
     outcome = asyncio.run(run_child([sys.executable, "-c", program], {}, 5))
 
@@ -186,16 +197,21 @@ def test_a_result_printed_before_a_crash_on_the_way_out_is_kept():
 def test_a_program_that_cannot_start_is_an_error(tmp_path):
     outcome = asyncio.run(run_child([str(tmp_path / "no-such-python")], {}, 5))
 
-    assert outcome["error"].startswith(f"cannot start the check's process {tmp_path / 'no-such-python'}")
+    assert outcome["error"].startswith(
+        f"cannot start the check's process {tmp_path / 'no-such-python'}"
+    )
 
 
 def test_one_check_runs_at_a_time_and_a_second_request_waits(tmp_path):
-    runner = make_runner(tmp_path, checks=MISBEHAVING)
+    runner = misbehaving_runner(tmp_path)
     marker = tmp_path / "first-running"
 
     async def scenario():
         first = asyncio.create_task(
-            runner.run("misbehave", {"behaviour": "hang_then_clean_up", "limit_s": 1, "marker": str(marker)})
+            runner.run(
+                "misbehave",
+                {"behaviour": "hang_then_clean_up", "limit_s": 1, "marker": str(marker)},
+            )
         )
         while not marker.exists():
             await asyncio.sleep(0.01)
@@ -212,12 +228,15 @@ def test_one_check_runs_at_a_time_and_a_second_request_waits(tmp_path):
 
 
 def test_cancelling_a_run_stops_its_child(tmp_path):
-    runner = make_runner(tmp_path, checks=MISBEHAVING)
+    runner = misbehaving_runner(tmp_path)
     marker = tmp_path / "sleep.pid"
 
     async def scenario():
         task = asyncio.create_task(
-            runner.run("misbehave", {"behaviour": "hang_with_child", "limit_s": 30, "marker": str(marker)})
+            runner.run(
+                "misbehave",
+                {"behaviour": "hang_with_child", "limit_s": 30, "marker": str(marker)},
+            )
         )
         while not marker.exists() or not marker.read_text():
             await asyncio.sleep(0.01)
@@ -262,7 +281,11 @@ def test_storage_fails_below_an_impossible_minimum(tmp_path):
 def test_storage_on_a_missing_path_is_an_error(tmp_path):
     result = run(make_runner(tmp_path), "storage", {"path": str(tmp_path / "nope"), "bytes": 2**20})
 
-    assert result == {"status": "error", "metrics": {}, "message": f"{tmp_path / 'nope'} does not exist"}
+    assert result == {
+        "status": "error",
+        "metrics": {},
+        "message": f"{tmp_path / 'nope'} does not exist",
+    }
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
@@ -314,7 +337,9 @@ def fake_all_reduce_perf(tmp_path, output_fixture, exit_code=0):
     return binary
 
 
-def test_nccl_runs_all_reduce_perf_across_the_nodes_gpus_and_reads_its_output(tmp_path, monkeypatch):
+def test_nccl_runs_all_reduce_perf_across_the_nodes_gpus_and_reads_its_output(
+    tmp_path, monkeypatch
+):
     fake_all_reduce_perf(tmp_path, "all_reduce_perf_8xA100_sweep.txt")
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
 
@@ -329,9 +354,9 @@ def test_nccl_runs_all_reduce_perf_across_the_nodes_gpus_and_reads_its_output(tm
 def test_a_configured_all_reduce_perf_is_used(tmp_path):
     binary = fake_all_reduce_perf(tmp_path, "all_reduce_perf_8xA100_sweep.txt")
 
-    result = run(
-        make_runner(tmp_path, gpu_count=4, all_reduce_perf=str(binary)), "nccl", {"min_busbw_gbps": 80}
-    )
+    runner = make_runner(tmp_path, gpu_count=4, all_reduce_perf=str(binary))
+
+    result = run(runner, "nccl", {"min_busbw_gbps": 80})
 
     assert (tmp_path / "arguments").read_text() == "-b 8 -e 1G -f 2 -g 4\n"
     assert result["status"] == "failed"
@@ -357,7 +382,9 @@ def test_nccl_on_a_one_gpu_node_is_an_error(tmp_path):
 
     result = run(make_runner(tmp_path, gpu_count=1, all_reduce_perf=str(binary)), "nccl")
 
-    assert result["message"] == "an all-reduce needs at least 2 GPUs; the agent lists 1 on this node"
+    assert result["message"] == (
+        "an all-reduce needs at least 2 GPUs; the agent lists 1 on this node"
+    )
 
 
 # nvml_sanity's child, on this machine without the NVIDIA driver

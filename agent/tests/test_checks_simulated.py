@@ -113,8 +113,17 @@ def test_nccl_is_not_installed_on_a_simulated_node():
 @pytest.mark.parametrize(
     "check, params, message",
     [
-        ("x", {}, "unknown check 'x'; this agent runs: gpu_compute, gpu_memory_bandwidth, nccl, nvml_sanity, storage"),
-        ("gpu_compute", {"min_tflops": "711"}, "bad params for gpu_compute: min_tflops: expected a number, got '711'"),
+        (
+            "x",
+            {},
+            "unknown check 'x'; this agent runs: gpu_compute, gpu_memory_bandwidth, nccl, "
+            "nvml_sanity, storage",
+        ),
+        (
+            "gpu_compute",
+            {"min_tflops": "711"},
+            "bad params for gpu_compute: min_tflops: expected a number, got '711'",
+        ),
     ],
 )
 def test_unknown_checks_and_bad_params_are_refused_as_on_a_real_node(check, params, message):

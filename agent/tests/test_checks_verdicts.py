@@ -99,7 +99,9 @@ def test_a_gpu_the_library_does_not_see_fails_even_without_a_baseline():
     result = gpu_compute.decide(measurements, compute_params(), INVENTORY)
 
     assert result["status"] == "failed"
-    assert result["message"] == f"GPU 7 ({INVENTORY[7]['uuid']}): not measured, torch does not see it"
+    assert result["message"] == (
+        f"GPU 7 ({INVENTORY[7]['uuid']}): not measured, torch does not see it"
+    )
 
 
 def test_a_gpu_whose_product_failed_fails_the_check():
@@ -126,8 +128,8 @@ def test_cupy_measurements_get_nvmls_uuids_through_the_pci_bus_id():
         "backend": "cupy",
         "size": 8192,
         "gpus": [
-            {"index": 0, "uuid": None, "pci_bus_id": "0000:00:06.0", "name": "NVIDIA H200", "tflops": 781.0},
-            {"index": 1, "uuid": None, "pci_bus_id": "0000:00:07.0", "name": "NVIDIA H200", "tflops": 779.5},
+            {"index": 0, "uuid": None, "pci_bus_id": "0000:00:06.0", "tflops": 781.0},
+            {"index": 1, "uuid": None, "pci_bus_id": "0000:00:07.0", "tflops": 779.5},
         ],
     }
 
@@ -275,7 +277,9 @@ def test_storage_compares_both_directions_with_their_minimums():
 
 
 def test_all_reduce_perf_output_is_read_from_a_real_8_gpu_sweep():
-    figures = nccl.parse_all_reduce_perf((FIXTURES / "all_reduce_perf_8xA100_sweep.txt").read_text())
+    text = (FIXTURES / "all_reduce_perf_8xA100_sweep.txt").read_text()
+
+    figures = nccl.parse_all_reduce_perf(text)
 
     assert figures == {
         "avg_busbw_gbps": 66.2058,
