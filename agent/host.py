@@ -52,11 +52,12 @@ def simulated_boot_id(state_dir):
     return new_id
 
 
-def slurm_status(node_name):
-    """{"state", "reason"} from `scontrol show node`, or None where this node runs no
-    Slurm (no scontrol) or scontrol fails."""
-    if shutil.which("scontrol") is None:
-        return None
+class SlurmError(Exception):
+    """scontrol is missing, failed, or took too long; the message says which."""
+
+
+def read_slurm_status(node_name):
+    """{"state", "reason"} from `scontrol show node <name> -o`; raises SlurmError."""
     try:
         result = subprocess.run(
             ["scontrol", "show", "node", node_name, "-o"],
@@ -65,13 +66,23 @@ def slurm_status(node_name):
             timeout=SLURM_TIMEOUT_S,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("scontrol show node %s failed: %s", node_name, exc)
-        return None
+        raise SlurmError(f"scontrol show node {node_name} failed: {exc}") from exc
     if result.returncode != 0:
-        log.warning("scontrol show node %s failed: %s", node_name, result.stderr.strip())
-        return None
+        raise SlurmError(f"scontrol show node {node_name} failed: {result.stderr.strip()}")
     fields = parse_scontrol_line(result.stdout.strip())
     return {"state": fields.get("State"), "reason": fields.get("Reason") or None}
+
+
+def slurm_status(node_name):
+    """The hello's `slurm`: read_slurm_status(), or None where this node runs no Slurm
+    (no scontrol) or scontrol fails (logged)."""
+    if shutil.which("scontrol") is None:
+        return None
+    try:
+        return read_slurm_status(node_name)
+    except SlurmError as exc:
+        log.warning("%s", exc)
+        return None
 
 
 def parse_scontrol_line(line):

@@ -58,8 +58,18 @@ class NvmlBackend:
         )
         self._pcie.start()
 
+    @property
+    def nvml(self):
+        """The pynvml module in use (the detectors' NVML threads share it)."""
+        return self._nvml
+
     def gpus(self):
         return [dict(gpu) for gpu, _ in self._gpus if gpu["uuid"] not in self._lost]
+
+    def handles(self):
+        """[(uuid, NVML handle)] of every GPU found at start. A GPU lost since answers
+        GPU_IS_LOST: the detectors' threads then leave it, and read_gpus() reports it."""
+        return [(gpu["uuid"], handle) for gpu, handle in self._gpus]
 
     def read_gpus(self):
         readings = []

@@ -3,11 +3,20 @@
 Static facts come from agent/fixtures/h200/nvml_snapshot.json (one real H200);
 dynamic ones from a block in the snapshot's `dynamic` format (the snapshot's own idle
 block, or one sample of nvml_trace.json). Exception classes, constants and the ctypes
-structures returned are the real nvidia-ml-py ones, which import without a driver."""
+structures returned are the real nvidia-ml-py ones, which import without a driver.
 
+For the detectors it also serves, as the real H200 did: remapped rows (the snapshot's
+`remapped_rows`: none, none pending, no failure), the GPU recovery action field (NONE:
+`nvidia-smi -q` on that H200 reads "GPU Recovery Action : None"), and an Xid event set
+(registering for Xid events worked there; a 100 ms wait timed out). Tests change them
+through `remapped_rows`, `recovery_action` and raise_xid()."""
+
+import ctypes
 import json
+import queue
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pynvml
 
@@ -31,6 +40,18 @@ class FakeHandle:
     def __init__(self, index):
         self.index = index
 
+    @property
+    def _as_parameter_(self):
+        # Where a real handle would point, so ctypes.cast(handle, c_void_p) works.
+        return ctypes.c_void_p(0x1000 + self.index)
+
+
+class FakeEventSet:
+    def __init__(self):
+        self.registered = {}  # GPU index -> event types
+        self.pending = queue.SimpleQueue()  # event data, as nvmlEventSetWait_v2 returns it
+        self.freed = False
+
 
 class FakeNvml:
     def __init__(
@@ -47,7 +68,7 @@ class FakeNvml:
         nvmlDeviceGetPcieThroughput blocks; not_supported: getter names that raise
         NVMLError_NotSupported; init_error: an NVMLError class nvmlInit raises."""
         for name in dir(pynvml):
-            if name.startswith(("NVMLError", "NVML_")):
+            if name.startswith(("NVMLError", "NVML_", "nvmlEventType")):
                 setattr(self, name, getattr(pynvml, name))
         self.snapshot = load_snapshot()
         self.device = self.snapshot["devices"][0]
@@ -58,6 +79,9 @@ class FakeNvml:
         self.init_error = init_error
         self.lost = set()  # indexes of GPUs that answer NVMLError_GpuIsLost
         self.pcie_calls = 0
+        self.remapped_rows = {}  # GPU index -> (corrected, uncorrectable, pending, failure)
+        self.recovery_action = {}  # GPU index -> an NVML_GPU_RECOVERY_ACTION_* value
+        self.event_sets = []
 
     def uuid(self, index):
         real = self.device["uuid"]
@@ -180,3 +204,64 @@ class FakeNvml:
         if counter == pynvml.NVML_PCIE_UTIL_RX_BYTES:
             return self.dynamic["pcie_rx_kbps"]
         raise pynvml.NVMLError_InvalidArgument()
+
+    # Detectors: remapped rows, field values, event sets
+
+    def nvmlDeviceGetRemappedRows(self, handle):
+        self._check(handle, "nvmlDeviceGetRemappedRows")
+        return self.remapped_rows.get(handle.index, tuple(self.device["remapped_rows"]))
+
+    def nvmlDeviceGetFieldValues(self, handle, field_ids):
+        self._check(handle, "nvmlDeviceGetFieldValues")
+        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        for value, field_id in zip(values, field_ids):
+            value.fieldId = field_id
+            if field_id == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+                value.nvmlReturn = pynvml.NVML_SUCCESS
+                value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                value.value.uiVal = self.recovery_action.get(
+                    handle.index, pynvml.NVML_GPU_RECOVERY_ACTION_NONE
+                )
+            else:
+                value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return values
+
+    def nvmlEventSetCreate(self):
+        event_set = FakeEventSet()
+        self.event_sets.append(event_set)
+        return event_set
+
+    def nvmlDeviceRegisterEvents(self, handle, event_types, event_set):
+        self._check(handle, "nvmlDeviceRegisterEvents")
+        event_set.registered[handle.index] = event_types
+
+    def nvmlEventSetWait_v2(self, event_set, timeout_ms):
+        try:
+            data = event_set.pending.get(timeout=timeout_ms / 1000)
+        except queue.Empty:
+            raise pynvml.NVMLError_Timeout() from None
+        if isinstance(data, Exception):
+            raise data
+        return data
+
+    def nvmlEventSetFree(self, event_set):
+        event_set.freed = True
+
+    def raise_xid(self, index, code):
+        """The driver reports Xid `code` on GPU `index`: every event set registered for
+        Xid events on it gets the event, with a new handle object for the device (as
+        NVML's event data holds another pointer to the same device)."""
+        for event_set in self.event_sets:
+            if event_set.registered.get(index, 0) & pynvml.nvmlEventTypeXidCriticalError:
+                event_set.pending.put(
+                    SimpleNamespace(
+                        device=FakeHandle(index),
+                        eventType=pynvml.nvmlEventTypeXidCriticalError,
+                        eventData=code,
+                    )
+                )
+
+    def fail_event_wait(self, error):
+        """The next wait on every event set raises `error` (an NVMLError)."""
+        for event_set in self.event_sets:
+            event_set.pending.put(error)
