@@ -15,6 +15,7 @@ from agent import __version__, host, protocol
 from agent.backends import BackendUnavailable
 from agent.client import AgentClient
 from agent.config import ConfigError, build_config, read_config_file
+from agent.detectors import close_watchers, make_watchers
 from agent.node_metrics import NodeMetrics
 from agent.node_token import read_node_token
 from agent.outbox import Outbox
@@ -42,6 +43,17 @@ def make_parser():
         type=float,
         metavar="SECONDS",
         help="seconds between samples (default 1.0; the server's setting wins)",
+    )
+    parser.add_argument(
+        "--throttle-hold",
+        type=float,
+        metavar="SECONDS",
+        help="how long throttling must hold before it is an event (default 10)",
+    )
+    parser.add_argument(
+        "--kmsg",
+        metavar="PATH",
+        help="the kernel log read for Xid lines (default /dev/kmsg)",
     )
     parser.add_argument(
         "--simulate",
@@ -140,6 +152,7 @@ def run_agent(config, backend, boot_id):
         )
 
     outbox = Outbox(os.path.join(config.state_dir, OUTBOX_FILE))
+    watchers = make_watchers(config, backend)
     client = AgentClient(
         server_url=config.server,
         join_token=config.token,
@@ -150,6 +163,7 @@ def run_agent(config, backend, boot_id):
         backend=backend,
         node_metrics=NodeMetrics(),
         outbox=outbox,
+        watchers=watchers,
         sample_interval_s=config.sample_interval_s,
     )
     log.info(
@@ -164,6 +178,7 @@ def run_agent(config, backend, boot_id):
     try:
         asyncio.run(_run_until_signalled(client))
     finally:
+        close_watchers(watchers)
         outbox.close()
     return 0
 

@@ -7,6 +7,8 @@ The TOML file holds the same keys as the long options, with underscores:
     state_dir = "/var/lib/clusterui-agent"
     node_name = "gpu-001"
     sample_interval = 1.0
+    throttle_hold = 10.0
+    kmsg = "/dev/kmsg"
 """
 
 import re
@@ -14,6 +16,8 @@ import tomllib
 from dataclasses import dataclass, field
 
 from agent import host
+from agent.detectors.kernel_log import KMSG_PATH
+from agent.detectors.throttle import THROTTLE_HOLD_S
 from agent.inject import Fault, InjectSpecError, check_gpu_indexes, parse_inject
 
 DEFAULT_STATE_DIR = "/var/lib/clusterui-agent"
@@ -21,6 +25,7 @@ DEFAULT_SAMPLE_INTERVAL_S = 1.0
 DEFAULT_SIMULATED_GPUS = 8
 MIN_SAMPLE_INTERVAL_S = 0.05
 MAX_SAMPLE_INTERVAL_S = 3600.0
+MAX_THROTTLE_HOLD_S = 3600.0
 
 NODE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,63}")  # PROTOCOL.md, hello.node
 
@@ -31,6 +36,8 @@ FILE_KEYS = {
     "state_dir": ((str,), "a string"),
     "node_name": ((str,), "a string"),
     "sample_interval": ((int, float), "a number"),
+    "throttle_hold": ((int, float), "a number"),
+    "kmsg": ((str,), "a string"),
     "simulate": ((bool,), "true or false"),
     "gpus": ((int,), "an integer"),
     "inject": ((str, list), "a string or a list of strings"),
@@ -49,6 +56,8 @@ class Config:
     state_dir: str = DEFAULT_STATE_DIR
     node_name: str = ""
     sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S
+    throttle_hold_s: float = THROTTLE_HOLD_S  # how long throttling holds before an event
+    kmsg_path: str = KMSG_PATH  # the kernel log the Xid watcher reads (NVML backend)
     simulate: bool = False
     gpus: int = DEFAULT_SIMULATED_GPUS
     inject: list[Fault] = field(default_factory=list)
@@ -87,6 +96,8 @@ def build_config(options, file_values=None):
         state_dir=values.get("state_dir", DEFAULT_STATE_DIR),
         node_name=values.get("node_name") or host.short_hostname(),
         sample_interval_s=float(values.get("sample_interval", DEFAULT_SAMPLE_INTERVAL_S)),
+        throttle_hold_s=float(values.get("throttle_hold", THROTTLE_HOLD_S)),
+        kmsg_path=values.get("kmsg", KMSG_PATH),
         simulate=bool(values.get("simulate", False)),
         gpus=values.get("gpus", DEFAULT_SIMULATED_GPUS),
         print_once=bool(values.get("print_once", False)),
@@ -101,6 +112,10 @@ def build_config(options, file_values=None):
         raise ConfigError(
             f"sample interval {config.sample_interval_s:g} s is outside "
             f"{MIN_SAMPLE_INTERVAL_S:g}-{MAX_SAMPLE_INTERVAL_S:g} s"
+        )
+    if not 0 < config.throttle_hold_s <= MAX_THROTTLE_HOLD_S:
+        raise ConfigError(
+            f"throttle hold {config.throttle_hold_s:g} s: above 0 and at most {MAX_THROTTLE_HOLD_S:g} s"
         )
     if not config.print_once:
         if not config.server:

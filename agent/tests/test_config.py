@@ -15,6 +15,8 @@ def options(**given):
         "state_dir",
         "node_name",
         "sample_interval",
+        "throttle_hold",
+        "kmsg",
         "simulate",
         "gpus",
         "inject",
@@ -40,6 +42,8 @@ def test_defaults(monkeypatch):
     assert config == Config(server=SERVER, token="join-1", node_name="gpu-017")
     assert config.state_dir == "/var/lib/clusterui-agent"
     assert config.sample_interval_s == 1.0
+    assert config.throttle_hold_s == 10.0
+    assert config.kmsg_path == "/dev/kmsg"
 
 
 def test_the_file_gives_every_key_and_the_command_line_wins(tmp_path):
@@ -50,6 +54,8 @@ def test_the_file_gives_every_key_and_the_command_line_wins(tmp_path):
         'state_dir = "/srv/agent"\n'
         'node_name = "gpu-001"\n'
         "sample_interval = 2\n"
+        "throttle_hold = 30\n"
+        'kmsg = "/var/log/kmsg-replay"\n'
         "simulate = true\n"
         "gpus = 4\n"
         'inject = ["xid:79@30s", "thermal@60s:gpu3"]\n'
@@ -67,6 +73,8 @@ def test_the_file_gives_every_key_and_the_command_line_wins(tmp_path):
         state_dir="/srv/agent",
         node_name="gpu-001",
         sample_interval_s=2.0,
+        throttle_hold_s=30.0,
+        kmsg_path="/var/log/kmsg-replay",
         simulate=True,
         gpus=4,
         inject=[Fault("xid", 30.0, xid=79), Fault("thermal", 60.0, gpu=3)],
@@ -94,6 +102,8 @@ def test_the_example_config_is_valid():
         ("gpus = 8.5\n", "gpus must be an integer"),
         ('simulate = "yes"\n', "simulate must be true or false"),
         ("sample_interval = true\n", "sample_interval must be a number"),
+        ('throttle_hold = "10"\n', "throttle_hold must be a number"),
+        ("kmsg = 1\n", "kmsg must be a string"),
         ("server = \n", "not valid TOML"),
     ],
 )
@@ -115,6 +125,8 @@ def test_a_missing_file_is_a_clear_error(tmp_path):
         ({"server": SERVER, "node_name": "gpu 001"}, "node name 'gpu 001'"),
         ({"server": SERVER, "node_name": "n" * 64}, "is not 1-63"),
         ({"server": SERVER, "sample_interval": 0}, "outside"),
+        ({"server": SERVER, "throttle_hold": 0}, "throttle hold 0 s: above 0"),
+        ({"server": SERVER, "throttle_hold": 7200}, "at most 3600 s"),
         ({"server": SERVER, "gpus": 4}, "--gpus only applies with --simulate"),
         ({"server": SERVER, "inject": ["xid:79@1s"]}, "--inject only applies with --simulate"),
         ({"server": SERVER, "simulate": True, "gpus": 0}, "1 to 64 GPUs"),
@@ -149,3 +161,12 @@ def test_no_token_at_all_is_a_clear_error(tmp_path, capsys):
 
     assert code == 2
     assert "no token: give a join token with --token" in capsys.readouterr().err
+
+
+def test_the_detector_options_on_the_command_line():
+    args = vars(cli.make_parser().parse_args(["--throttle-hold", "2.5", "--kmsg", "/tmp/kmsg"]))
+    args.pop("config")
+
+    config = build_config({**args, "server": SERVER, "node_name": "gpu-001"})
+
+    assert (config.throttle_hold_s, config.kmsg_path) == (2.5, "/tmp/kmsg")
