@@ -5,9 +5,16 @@
 Each item is `<fault>@<seconds>s`, seconds after the agent started, optionally
 followed by `:gpu<i>` (the GPU index; GPU 0 by default):
 
-    xid:<code>@<s>s         an Xid event (critical) on that GPU
+    xid:<code>@<s>s         one real-format NVRM Xid line in the simulated kernel log
+                            (the Xid watcher makes it an `xid:<code>` event)
+    xid_storm:<code>@<s>s   10,000 identical Xid lines at once (a storm: a few events
+                            whose counts sum to 10,000)
     thermal@<s>s[+<d>s]     HW thermal slowdown (clock event reason 0x40, temperature
-                            up) for d seconds, or until the agent stops
+                            up) for d seconds, or until the agent stops (the throttle
+                            watcher raises `thermal_throttle` once it held 10 s, and
+                            clears it when it ends)
+    ecc_dbe@<s>s            one more volatile double-bit ECC error on the GPU (the ECC
+                            watcher raises `ecc_dbe`)
     gpu_lost@<s>s           the GPU stops answering (a gpu_lost event; it leaves the
                             samples and the next hello)
 """
@@ -15,8 +22,10 @@ followed by `:gpu<i>` (the GPU index; GPU 0 by default):
 import re
 from dataclasses import dataclass
 
+XID_STORM_LINES = 10_000
+
 _ITEM = re.compile(
-    r"(?P<fault>xid:(?P<xid>[0-9]+)|thermal|gpu_lost)"
+    r"(?P<fault>xid:(?P<xid>[0-9]+)|xid_storm:(?P<storm>[0-9]+)|thermal|ecc_dbe|gpu_lost)"
     r"@(?P<at>[0-9]+(?:\.[0-9]+)?)s"
     r"(?:\+(?P<duration>[0-9]+(?:\.[0-9]+)?)s)?"
     r"(?::gpu(?P<gpu>[0-9]+))?"
@@ -24,7 +33,7 @@ _ITEM = re.compile(
 
 USAGE = (
     "expected comma-separated items like xid:79@30s, xid:48@10s:gpu3, thermal@60s, "
-    "thermal@60s+30s:gpu1 or gpu_lost@90s"
+    "thermal@60s+30s:gpu1, xid_storm:13@20s, ecc_dbe@40s:gpu2 or gpu_lost@90s"
 )
 
 
@@ -34,10 +43,10 @@ class InjectSpecError(ValueError):
 
 @dataclass(frozen=True)
 class Fault:
-    kind: str  # "xid", "thermal" or "gpu_lost"
+    kind: str  # "xid", "xid_storm", "thermal", "ecc_dbe" or "gpu_lost"
     at_s: float  # seconds after the agent started
     gpu: int = 0  # the GPU's index
-    xid: int | None = None  # kind "xid" only
+    xid: int | None = None  # kinds "xid" and "xid_storm" only
     duration_s: float | None = None  # kind "thermal" only; None: until the agent stops
 
 
@@ -49,12 +58,17 @@ def parse_inject(spec):
         match = _ITEM.fullmatch(item)
         if match is None:
             raise InjectSpecError(f"bad --inject item {item!r}: {USAGE}")
-        kind = "xid" if match["xid"] is not None else match["fault"]
+        if match["xid"] is not None:
+            kind, code = "xid", int(match["xid"])
+        elif match["storm"] is not None:
+            kind, code = "xid_storm", int(match["storm"])
+        else:
+            kind, code = match["fault"], None
         if match["duration"] is not None and kind != "thermal":
             raise InjectSpecError(
                 f"bad --inject item {item!r}: only thermal takes a duration (+<d>s)"
             )
-        if kind == "xid" and int(match["xid"]) == 0:
+        if code == 0:
             raise InjectSpecError(f"bad --inject item {item!r}: Xid codes start at 1")
         if match["duration"] is not None and float(match["duration"]) == 0:
             raise InjectSpecError(f"bad --inject item {item!r}: the duration must be above 0 s")
@@ -63,7 +77,7 @@ def parse_inject(spec):
                 kind=kind,
                 at_s=float(match["at"]),
                 gpu=int(match["gpu"]) if match["gpu"] is not None else 0,
-                xid=int(match["xid"]) if kind == "xid" else None,
+                xid=code,
                 duration_s=float(match["duration"]) if match["duration"] is not None else None,
             )
         )

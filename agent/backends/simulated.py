@@ -1,8 +1,14 @@
 """GPUs that replay a real H200: fixtures/h200/nvml_trace.json is 28 s of one H200 read
 every ~0.15 s (idle, then a bf16 matmul load, then cooling down), and
 fixtures/h200/nvml_snapshot.json gives its static facts. Each simulated GPU plays the
-trace in a loop, in real time, offset in phase so the GPUs differ. Faults from --inject
-(agent/inject.py) are applied on their schedule."""
+trace in a loop, in real time, offset in phase so the GPUs differ.
+
+Faults from --inject (agent/inject.py) change what the node shows, on their schedule,
+and the same detectors as on a real node find them (agent/detectors, through
+make_watchers): a thermal fault sets the HW thermal bit (0x40) and the temperature in
+the readings; an Xid writes a real-format NVRM line into `kernel_log`, the simulated
+kernel log the Xid watcher reads; an ECC fault raises the GPU's volatile double-bit
+count. Only a lost GPU is the backend's own event, as on NVML."""
 
 import bisect
 import json
@@ -10,18 +16,18 @@ import time
 import uuid
 from importlib import resources
 
-from agent.backends import (
-    CLOCK_EVENT_HW_THERMAL,
-    cuda_version_text,
-    gpu_lost_event,
-)
-from agent.protocol import event_frame
-
-THERMAL_HOLD_S = 10.0  # how long HW thermal slowdown lasts before it is an event
+from agent.backends import CLOCK_EVENT_HW_THERMAL, cuda_version_text, gpu_lost_event
+from agent.detectors.kernel_log import SimulatedKernelLog
+from agent.detectors.xid import load_xid_descriptions
+from agent.inject import XID_STORM_LINES
 
 # Simulated GPU uuids are uuid5(this namespace, "<node>/<index>"): the same node name
 # gets the same GPUs at every start.
 _GPU_UUID_NAMESPACE = uuid.UUID("6f1c3d2e-8a4b-5c6d-9e7f-0a1b2c3d4e5f")
+
+# The driver's Xid 154 line names no process (as real ones read); the other codes get
+# "pid='<unknown>', name=<unknown>, " and their description from NVIDIA's catalog.
+_XID_154_TEXT = "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"
 
 
 def load_fixture(name):
@@ -30,26 +36,18 @@ def load_fixture(name):
     return json.loads(path.read_text())
 
 
-def load_xid_descriptions():
-    """{code: description} from agent/fixtures/xid_catalog.tsv (NVIDIA's Xid catalog)."""
-    lines = (resources.files("agent") / "fixtures" / "xid_catalog.tsv").read_text().splitlines()
-    header = lines[0].split("\t")
-    code_column, description_column = header.index("code"), header.index("description")
-    descriptions = {}
-    for line in lines[1:]:
-        columns = line.split("\t")
-        descriptions[int(columns[code_column])] = columns[description_column]
-    return descriptions
-
-
 def simulated_gpu_uuid(node_name, index):
     return f"GPU-{uuid.uuid5(_GPU_UUID_NAMESPACE, f'{node_name}/{index}')}"
 
 
+def kernel_pci_address(pci_bus_id):
+    """NVML's "00000000:00:0B.0" as an Xid line writes it: "0000:00:0b"."""
+    domain, bus, device_function = pci_bus_id.split(":")
+    return f"{domain[-4:]}:{bus}:{device_function.split('.')[0]}".lower()
+
+
 class SimulatedBackend:
-    def __init__(
-        self, node_name, gpu_count=8, faults=(), clock=time.monotonic, thermal_hold_s=THERMAL_HOLD_S
-    ):
+    def __init__(self, node_name, gpu_count=8, faults=(), clock=time.monotonic):
         snapshot = load_fixture("nvml_snapshot.json")
         trace = load_fixture("nvml_trace.json")
         device = snapshot["devices"][0]
@@ -76,13 +74,14 @@ class SimulatedBackend:
         self._offsets = [index * self._cycle_s / gpu_count for index in range(gpu_count)]
         self._hot_temp_c = device["temp_slowdown_threshold_c"] + 2
 
+        self.kernel_log = SimulatedKernelLog()
         self._clock = clock
         self._start = clock()
-        self._thermal_hold_s = thermal_hold_s
         self._faults = list(faults)
-        self._fired = set()  # (fault index, what): "event", "warned", "cleared"
+        self._fired = set()  # indexes of the one-time faults already applied
         self._xid_descriptions = load_xid_descriptions()
         self._lost = set()  # GPU indexes
+        self._new_dbe = [0] * gpu_count  # double-bit ECC errors injected, per GPU
         self._events = []
 
     def gpus(self):
@@ -102,6 +101,7 @@ class SimulatedBackend:
             if self._thermal_active(index, elapsed):
                 reading["clock_event_reasons"] |= CLOCK_EVENT_HW_THERMAL
                 reading["temp_c"] = max(reading["temp_c"], self._hot_temp_c)
+            reading["ecc_dbe_volatile"] += self._new_dbe[index]
             readings.append(reading)
         return readings
 
@@ -123,68 +123,33 @@ class SimulatedBackend:
         )
 
     def _apply_faults(self):
-        """Fire the events whose time has come; returns the seconds since start."""
+        """Apply the one-time faults whose time has come; returns the seconds since start."""
         elapsed = self._clock() - self._start
         for number, fault in enumerate(self._faults):
-            if elapsed < fault.at_s:
+            if fault.kind == "thermal" or elapsed < fault.at_s or number in self._fired:
                 continue
-            gpu_uuid = self._gpus[fault.gpu]["uuid"]
-            if fault.kind == "xid" and self._first(number, "event"):
-                self._events.append(self._xid_event(fault.xid, gpu_uuid))
-            elif fault.kind == "gpu_lost" and self._first(number, "event"):
+            self._fired.add(number)
+            gpu = self._gpus[fault.gpu]
+            if fault.kind == "xid":
+                self.kernel_log.write(self._xid_line(fault.xid, gpu))
+            elif fault.kind == "xid_storm":
+                line = self._xid_line(fault.xid, gpu)
+                for _ in range(XID_STORM_LINES):
+                    self.kernel_log.write(line)
+            elif fault.kind == "ecc_dbe":
+                self._new_dbe[fault.gpu] += 1
+            elif fault.kind == "gpu_lost":
                 self._lost.add(fault.gpu)
-                self._events.append(gpu_lost_event(gpu_uuid, source="simulated"))
-            elif fault.kind == "thermal":
-                self._thermal_events(number, fault, gpu_uuid, elapsed)
+                self._events.append(gpu_lost_event(gpu["uuid"], source="simulated"))
         return elapsed
 
-    def _thermal_events(self, number, fault, gpu_uuid, elapsed):
-        held_long_enough = fault.duration_s is None or fault.duration_s > self._thermal_hold_s
-        if (
-            held_long_enough
-            and elapsed >= fault.at_s + self._thermal_hold_s
-            and self._first(number, "warned")
-        ):
-            self._events.append(
-                event_frame(
-                    signature="thermal_throttle",
-                    severity="warning",
-                    message=f"HW thermal slowdown held for {self._thermal_hold_s:g} s",
-                    gpu_uuid=gpu_uuid,
-                    detail={"clock_event_reasons": CLOCK_EVENT_HW_THERMAL, "source": "simulated"},
-                )
-            )
-        if (
-            (number, "warned") in self._fired
-            and not _within(fault, elapsed)
-            and self._first(number, "cleared")
-        ):
-            self._events.append(
-                event_frame(
-                    signature="thermal_throttle",
-                    severity="info",
-                    message="HW thermal slowdown ended",
-                    gpu_uuid=gpu_uuid,
-                    detail={"source": "simulated"},
-                    state="cleared",
-                )
-            )
-
-    def _first(self, number, what):
-        """True the first time it is asked for this fault and this step."""
-        if (number, what) in self._fired:
-            return False
-        self._fired.add((number, what))
-        return True
-
-    def _xid_event(self, code, gpu_uuid):
-        return event_frame(
-            signature=f"xid:{code}",
-            severity="critical",
-            message=self._xid_descriptions.get(code, f"Xid {code}"),
-            gpu_uuid=gpu_uuid,
-            detail={"xid": code, "source": "simulated"},
-        )
+    def _xid_line(self, code, gpu):
+        """The line the NVIDIA driver writes for this Xid, as on a real node."""
+        prefix = f"NVRM: Xid (PCI:{kernel_pci_address(gpu['pci_bus_id'])}): {code}, "
+        if code == 154:
+            return prefix + _XID_154_TEXT
+        description = self._xid_descriptions.get(code, f"Xid {code}")
+        return prefix + f"pid='<unknown>', name=<unknown>, {description}."
 
 
 def _within(fault, elapsed):
