@@ -280,6 +280,15 @@ CLUSTERUI_METRICS_TOKEN = envsecret("CLUSTERUI_METRICS_TOKEN")
 CLUSTERUI_GRAFANA_NODE_URL = envstr("CLUSTERUI_GRAFANA_NODE_URL", "")
 # Whether server processes start the live publisher (tests of consumers turn it off).
 CLUSTERUI_PUBLISHER = envbool("CLUSTERUI_PUBLISHER", True)
+# Slow GPU (healthchecks/slow_gpus.py): among a cluster's GPUs of one model at this
+# utilization or more, with at least this many peers there, one whose SM clock stays below
+# this share of their median for HOLD_S seconds gets slow_gpu; back above it for CLEAR_S,
+# the event closes. A real H200 at full load runs 1365-1530 MHz (median 1462).
+CLUSTERUI_SLOW_GPU_MIN_UTIL_PCT = envfloat("CLUSTERUI_SLOW_GPU_MIN_UTIL_PCT", 90.0)
+CLUSTERUI_SLOW_GPU_CLOCK_RATIO = envfloat("CLUSTERUI_SLOW_GPU_CLOCK_RATIO", 0.85)
+CLUSTERUI_SLOW_GPU_MIN_PEERS = envint("CLUSTERUI_SLOW_GPU_MIN_PEERS", 4)
+CLUSTERUI_SLOW_GPU_HOLD_S = envfloat("CLUSTERUI_SLOW_GPU_HOLD_S", 60.0)
+CLUSTERUI_SLOW_GPU_CLEAR_S = envfloat("CLUSTERUI_SLOW_GPU_CLEAR_S", 60.0)
 
 LOGGING = {
     "version": 1,

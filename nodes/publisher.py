@@ -3,8 +3,9 @@
 One asyncio task per server process flushes that process's live-store buffer every 100 ms.
 One of them (in production, the holder of a Redis lease; in embedded mode, the only one)
 also, once a second and for each cluster: reads the whole live store, builds the summary,
-sends it to the browsers' group `cluster.<slug>`, adds the tick to the minute's rollups, and
-writes `last_seen` of every node heard from, in one UPDATE. Agent connections never
+sends it to the browsers' group `cluster.<slug>`, adds the tick to the minute's rollups,
+writes `last_seen` of every node heard from, in one UPDATE, and runs the slow GPU rule
+(healthchecks/slow_gpus.py: it needs every node's latest sample). Agent connections never
 group_send (PROTOCOL.md traffic stays inside the process that received it).
 """
 
@@ -23,11 +24,18 @@ from django.db import close_old_connections, transaction
 from django.db.models import Count, Max
 
 from clusterui.models import Cluster
+from healthchecks.slow_gpus import SlowGpuWatch
 
 from .choices import NodeState
 from .live import get_live_store
 from .models import Node, NodeTransition, PublisherStatus
 from .rollups import RollupAccumulator, fresh_entries, summarize_usage, write_rollups
+from .slow_gpu_events import (
+    GPU_MODELS_REFRESH_S,
+    read_slow_gpu_facts,
+    record_slow_gpus,
+    slow_gpu_limits,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +110,8 @@ class Publisher:
         self.channel_layer = channel_layer or get_channel_layer()
         self.rollups = RollupAccumulator()
         self.seen_written = {}
+        self.slow_gpus = SlowGpuWatch(slow_gpu_limits())
+        self.gpu_models, self.gpu_models_read_at = {}, None
         self.leading = False
         self.identity = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
@@ -146,7 +156,13 @@ class Publisher:
         now = now or datetime.now(tz=dt_timezone.utc)
         now_ts = now.timestamp()
         clusters = await sync_to_async(read_cluster_facts, thread_sensitive=False)()
-        seen = {}
+        models_due = (self.gpu_models_read_at is None
+                      or abs(now_ts - self.gpu_models_read_at) >= GPU_MODELS_REFRESH_S)
+        open_slow, models = await sync_to_async(read_slow_gpu_facts, thread_sensitive=False)(
+            models_due)
+        if models is not None:
+            self.gpu_models, self.gpu_models_read_at = models, now_ts
+        seen, openings, closings = {}, [], []
         for cluster_id, facts in clusters.items():
             entries = fresh_entries(await self.store.snapshot(cluster_id), now_ts, stale_after_s())
             usage = summarize_usage(entries)
@@ -159,9 +175,15 @@ class Publisher:
             for entry in entries:
                 if entry["received_at"] > self.seen_written.get(entry["node_id"], 0):
                     seen[entry["node_id"]] = entry["received_at"]
+            opened, closed = self.slow_gpus.check(cluster_id, entries, self.gpu_models,
+                                                  open_slow, now_ts)
+            openings += opened
+            closings += closed
         await sync_to_async(record_tick, thread_sensitive=False)(seen, now,
                                                                  just_started=just_started)
         self.seen_written.update(seen)
+        if openings or closings:
+            await sync_to_async(record_slow_gpus, thread_sensitive=False)(openings, closings, now)
         return clusters
 
 
