@@ -120,6 +120,17 @@ def make_backend(config):
     return NvmlBackend()
 
 
+def make_check_runner(config, backend):
+    """Runs the active checks the server asks for (run_check); scratch space in the state dir."""
+    if config.simulate:
+        from agent.checks.simulated import SimulatedCheckRunner
+
+        return SimulatedCheckRunner(backend, config.state_dir)
+    from agent.checks.runner import CheckRunner
+
+    return CheckRunner(backend, config.state_dir)
+
+
 def print_once(config, backend, boot_id):
     node_metrics = NodeMetrics()
     backend.wait_ready(timeout_s=2.0)
@@ -164,6 +175,7 @@ def run_agent(config, backend, boot_id):
         node_metrics=NodeMetrics(),
         outbox=outbox,
         watchers=watchers,
+        check_runner=make_check_runner(config, backend),
         sample_interval_s=config.sample_interval_s,
     )
     log.info(

@@ -1,7 +1,9 @@
 """How much CPU the node agent uses: the real agent process (`python -m agent
---simulate`, 8 GPUs, one sample a second) against a local sink server, for N seconds.
+--simulate`, 8 GPUs, one sample a second; or `--nvml`: the machine's real GPUs through
+NVML) against a local sink server, for N seconds.
 
     .venv/bin/python bench/agent_cpu.py [--seconds 60] [--gpus 8]
+    python3 bench/agent_cpu.py --nvml [--seconds 60]      # on a machine with NVIDIA GPUs
 
 Prints the agent process's CPU time as a percent of one core (target: under 0.5 %),
 the samples the sink received, and the time one sample takes to collect and encode
@@ -71,7 +73,8 @@ class Sink:
                 await ws.send(json.dumps({"type": "ack", "ids": [frame["id"]]}))
 
 
-async def measure_agent(seconds, gpus):
+async def measure_agent(seconds, gpus, nvml):
+    backend_args = [] if nvml else ["--simulate", "--gpus", str(gpus)]
     sink = Sink()
     async with serve(sink.handle, "127.0.0.1", 0) as server:
         port = server.sockets[0].getsockname()[1]
@@ -85,9 +88,7 @@ async def measure_agent(seconds, gpus):
                     f"ws://127.0.0.1:{port}/ws/agent/",
                     "--token",
                     "bench-join-token",
-                    "--simulate",
-                    "--gpus",
-                    str(gpus),
+                    *backend_args,
                     "--node-name",
                     "bench-node",
                     "--state-dir",
@@ -131,9 +132,15 @@ def _cpu_seconds(process):
         return times.user + times.system
 
 
-def measure_collection(gpus, rounds=2000):
+def measure_collection(gpus, nvml, rounds=2000):
     """Seconds to collect and encode one sample: what the agent does every second."""
-    backend = SimulatedBackend("bench-node", gpu_count=gpus)
+    if nvml:
+        from agent.backends.nvml import NvmlBackend
+
+        backend = NvmlBackend()
+        backend.wait_ready(timeout_s=5.0)  # PCIe throughput has its own thread
+    else:
+        backend = SimulatedBackend("bench-node", gpu_count=gpus)
     node_metrics = NodeMetrics()
     durations = []
     for seq in range(rounds):
@@ -141,6 +148,7 @@ def measure_collection(gpus, rounds=2000):
         frame = protocol.sample_frame(seq=seq, gpus=backend.read_gpus(), node=node_metrics.read())
         protocol.encode(frame)
         durations.append(time.perf_counter() - started)
+    backend.close()
     durations.sort()
     return statistics.median(durations), durations[int(len(durations) * 0.99)]
 
@@ -148,17 +156,20 @@ def measure_collection(gpus, rounds=2000):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--gpus", type=int, default=8, help="simulated GPUs")
+    parser.add_argument("--nvml", action="store_true", help="the real GPUs, through NVML")
     args = parser.parse_args()
 
     cores = f"{os.cpu_count()} cores ({psutil.cpu_count(logical=False)} physical)"
     print(f"machine: {cores}, {sys.platform}")
+    backend = "NVML (real GPUs)" if args.nvml else f"--simulate --gpus {args.gpus}"
     print(
-        f"agent: --simulate --gpus {args.gpus}, 1 sample/s, {args.seconds:g} s measured "
+        f"agent: {backend}, 1 sample/s, {args.seconds:g} s measured "
         f"after {WARM_UP_S:g} s warm-up"
     )
-    cpu, wall, samples, sample_bytes, rss = asyncio.run(measure_agent(args.seconds, args.gpus))
-    median, p99 = measure_collection(args.gpus)
+    cpu, wall, samples, sample_bytes, rss = asyncio.run(
+        measure_agent(args.seconds, args.gpus, args.nvml))
+    median, p99 = measure_collection(args.gpus, args.nvml)
     percent = 100 * cpu / wall
 
     print(f"samples received: {samples} in {wall:.1f} s ({sample_bytes:.0f} bytes each)")
