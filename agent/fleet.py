@@ -25,6 +25,8 @@ import zlib
 from agent import host
 from agent.backends.simulated import SimulatedBackend
 from agent.client import AgentClient
+from agent.config import Config
+from agent.detectors import make_watchers
 from agent.inject import InjectSpecError, check_gpu_indexes, parse_inject
 from agent.node_token import read_node_token
 from agent.outbox import Outbox
@@ -81,7 +83,8 @@ def build_client(name, args):
         server_url=args.server, join_token=args.token, node_token=node_token, node_name=name,
         boot_id=host.simulated_boot_id(state_dir), state_dir=state_dir, backend=backend,
         node_metrics=SimulatedNodeMetrics(backend, phase=zlib.crc32(name.encode()) % 360),
-        outbox=outbox, sample_interval_s=args.sample_interval,
+        outbox=outbox, watchers=make_watchers(Config(node_name=name), backend),
+        sample_interval_s=args.sample_interval,
     )
     return client, outbox
 

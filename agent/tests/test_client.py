@@ -11,6 +11,8 @@ import pytest
 
 from agent.backends.simulated import SimulatedBackend
 from agent.client import AgentClient, backoff_ceiling, backoff_delay
+from agent.config import Config
+from agent.detectors import make_watchers
 from agent.inject import parse_inject
 from agent.tests.protocol_validator import SAMPLE_GPU_FIELDS, SAMPLE_NODE_FIELDS
 from agent.node_metrics import NodeMetrics
@@ -28,6 +30,7 @@ def make_client(server, state_dir, *, join_token="join-1", inject="", **options)
     faults = parse_inject(inject) if inject else ()
     settings = dict(sample_interval_s=0.05, backoff_base_s=0.01, backoff_cap_s=0.05)
     settings.update(options)
+    backend = SimulatedBackend(NODE, gpu_count=2, faults=faults)
     return AgentClient(
         server_url=server.url,
         join_token=join_token,
@@ -35,7 +38,8 @@ def make_client(server, state_dir, *, join_token="join-1", inject="", **options)
         node_name=NODE,
         boot_id="b7e3a0c2-4f1d-4c1e-9a8b-2d6f5e4c3b2a",
         state_dir=str(state_dir),
-        backend=SimulatedBackend(NODE, gpu_count=2, faults=faults),
+        backend=backend,
+        watchers=make_watchers(Config(node_name=NODE), backend),
         node_metrics=NodeMetrics(),
         outbox=Outbox(state_dir / "outbox.sqlite3"),
         **settings,
@@ -164,7 +168,8 @@ def test_unacked_events_survive_an_agent_restart(tmp_path):
 
     before, after = asyncio.run(scenario())
 
-    assert [e["signature"] for e in before.of_type("event")] == ["xid:48", "gpu_lost"]
+    # The backend's own events (gpu_lost) come before the watchers' (the Xid).
+    assert [e["signature"] for e in before.of_type("event")] == ["gpu_lost", "xid:48"]
     assert after.of_type("event") == before.of_type("event")  # same ids, same order
     assert len(Outbox(tmp_path / "outbox.sqlite3").pending()) == 0
 

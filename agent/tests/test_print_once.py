@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 from agent.backends.simulated import SimulatedBackend
+from agent.detectors.ecc import EccWatcher
+from agent.detectors.throttle import ThrottleWatcher
+from agent.detectors.xid import XidWatcher
 from agent.inject import parse_inject
 from agent.tests.protocol_validator import problems
 
@@ -69,14 +72,24 @@ def test_simulated_events_follow_the_protocol():
     clock = [0.0]
     backend = SimulatedBackend(
         "gpu-042",
-        faults=parse_inject("xid:79@0s,gpu_lost@0s:gpu1,thermal@0s+2s:gpu2"),
+        faults=parse_inject("xid:79@0s,gpu_lost@0s:gpu1,thermal@0s+2s:gpu2,ecc_dbe@1s:gpu3"),
         clock=lambda: clock[0],
-        thermal_hold_s=1,
     )
-    clock[0] = 5.0
-    events = backend.take_events()
+    watchers = [
+        ThrottleWatcher(hold_s=1, clock=lambda: clock[0]),
+        EccWatcher(clock=lambda: clock[0]),
+        XidWatcher(backend.gpus(), [backend.kernel_log], clock=lambda: clock[0]),
+    ]
+    events = []
+    for second in range(5):
+        clock[0] = float(second)
+        readings = backend.read_gpus()
+        events += backend.take_events()
+        for watcher in watchers:
+            events += watcher.poll(readings)
 
-    assert len(events) == 4  # xid, gpu_lost, thermal active, thermal cleared
+    # xid, gpu_lost, thermal active, ecc_dbe, thermal cleared
+    assert len(events) == 5
     for event in events:
         assert problems(event) == []
 
