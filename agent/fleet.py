@@ -24,6 +24,7 @@ import zlib
 
 from agent import host
 from agent.backends.simulated import SimulatedBackend
+from agent.checks.simulated import SimulatedCheckRunner
 from agent.client import AgentClient
 from agent.config import Config
 from agent.detectors import make_watchers
@@ -84,6 +85,7 @@ def build_client(name, args):
         boot_id=host.simulated_boot_id(state_dir), state_dir=state_dir, backend=backend,
         node_metrics=SimulatedNodeMetrics(backend, phase=zlib.crc32(name.encode()) % 360),
         outbox=outbox, watchers=make_watchers(Config(node_name=name), backend),
+        check_runner=SimulatedCheckRunner(backend, state_dir),
         sample_interval_s=args.sample_interval,
     )
     return client, outbox

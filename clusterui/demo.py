@@ -234,7 +234,7 @@ class Script:
             self.events[(name, f"xid:{code}")] = do_record_health_event(
                 self.nodes[name], signature=f"xid:{code}", severity=severity,
                 message=f"Xid {code}: {meaning}", gpu=self.nodes[name].gpus.get(index=gpu),
-                evidence={"xid": code, "source": "kmsg", "line": line}, now=t,
+                evidence={"xid": code, "source": "kmsg", "kernel_line": line}, now=t,
             )
         self.at(t, act)
         if code == 79:

@@ -149,7 +149,7 @@ def test_it_writes_a_day_of_transitions(embedded):
     assert closed_xids.count() >= 3
     for event in closed_xids:
         assert event.evidence["source"] == "kmsg"
-        assert re.match(r"NVRM: Xid \(PCI:0000:00:[0-9a-f]{2}\): \d+, ", event.evidence["line"])
+        assert re.match(r"NVRM: Xid \(PCI:0000:00:[0-9a-f]{2}\): \d+, ", event.evidence["kernel_line"])
 
 
 def test_the_booting_node_turns_healthy_when_its_boot_window_ends(embedded):

@@ -227,3 +227,18 @@ def test_a_node_of_unknown_gpus_gets_no_thresholds(cluster):
     run, _ = do_request_check(node, "gpu_compute")
     assert run.params == {}
     assert Node.objects.get(pk=node.pk).check_runs.count() == 1
+
+
+def test_a_reboot_that_passes_leaves_a_gpu_still_missing_from_the_hello_lost(node):
+    seven = [gpu for gpu in HELLO_GPUS if gpu["index"] != 3]
+    do_record_hello(node, boot_id="boot-2", gpus=seven)  # GPU 3 missing: gpu_lost opens
+    lost = HealthEvent.objects.get(signature="gpu_lost")
+    HealthEvent.objects.filter(pk=lost.pk).update(first_seen=timezone.now() - timedelta(1))
+    do_record_hello(node, boot_id="boot-3", gpus=seven)
+    start_checks_after_hello(node, rebooted=True)
+    assert CheckRun.objects.filter(purpose="after_reboot").count() == 2
+    sanity = CheckRun.objects.get(check_name="nvml_sanity")
+    assert sanity.params["expected_gpus"] == 8  # the inventory, not the hello
+    pass_all(node, "after_reboot")
+    lost.refresh_from_db()
+    assert lost.is_open

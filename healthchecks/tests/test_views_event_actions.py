@@ -20,7 +20,7 @@ def event(cluster):
     gpu = GpuFactory(node=node, index=3)
     return do_record_health_event(node, signature="xid:79", severity="critical", gpu=gpu,
                                   message="GPU has fallen off the bus",
-                                  evidence={"line": "NVRM: Xid (PCI:0000:00:09): 79, GPU has "
+                                  evidence={"kernel_line": "NVRM: Xid (PCI:0000:00:09): 79, GPU has "
                                                     "fallen off the bus."})
 
 
