@@ -6,7 +6,8 @@ from django import forms
 from django.utils import timezone
 
 from .choices import Severity, Source
-from .models import HealthEvent
+from .checks import CHECKS
+from .models import CheckRun, HealthEvent
 
 # The time range presets: events active within this long before now.
 PERIODS = {
@@ -68,3 +69,16 @@ class HealthEventFilter(django_filters.FilterSet):
     def filter_period(self, queryset, name, value):
         return queryset.filter(last_seen__gte=timezone.now() - PERIODS[value][1])
 
+
+class CheckRunFilter(django_filters.FilterSet):
+    node = django_filters.CharFilter(field_name="node__name", lookup_expr="exact", label="node")
+    check = django_filters.ChoiceFilter(
+        field_name="check_name", empty_label="any check",
+        choices=[(name, check.label) for name, check in CHECKS.items()])
+    status = django_filters.ChoiceFilter(choices=CheckRun.Status.choices, empty_label="any status")
+    purpose = django_filters.ChoiceFilter(choices=CheckRun.Purpose.choices,
+                                          empty_label="any purpose")
+
+    class Meta:
+        model = CheckRun
+        fields = ["node", "check", "status", "purpose"]

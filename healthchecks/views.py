@@ -1,7 +1,9 @@
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import Case, Count, Max, Value, When
+from django.http import QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from clusterui.roles import Role, require_role
@@ -9,10 +11,15 @@ from clusterui.views import get_cluster_for_user
 
 from .catalog import catalog
 from .choices import Severity
-from .filters import HealthEventFilter
-from .forms import ResolveForm, SilenceForm
-from .models import HealthEvent
-from .services import do_acknowledge_event, do_resolve_event, do_silence_signature
+from .filters import CheckRunFilter, HealthEventFilter
+from .forms import ResolveForm, RunCheckForm, SilenceForm
+from .models import CheckRun, HealthEvent
+from .services import (
+    do_acknowledge_event,
+    do_request_checks,
+    do_resolve_event,
+    do_silence_signature,
+)
 
 EVENTS_PAGE_SIZE = 50
 
@@ -94,3 +101,59 @@ def event_silence(request, slug, public_id):
         messages.success(request, f"{event.signature} silenced on {event.node.name} for "
                                   f"{form.cleaned_data['hours']:g} h.")
     return _event_row_or_back(request, event)
+
+
+RUNS_PAGE_SIZE = 50
+
+
+def check_runs_context(cluster, runs, params, page_number=None, node=None):
+    """The check-run table's context: a page of `runs`, and whether it is still moving
+    (then the table refreshes itself every few seconds)."""
+    page = Paginator(runs, RUNS_PAGE_SIZE).get_page(page_number)
+    return {"cluster": cluster, "runs_page": page, "runs_node": node,
+            "runs_refresh_query": params.urlencode(),
+            "runs_moving": any(not run.is_finished for run in page)}
+
+
+@require_GET
+@require_role(Role.VIEWER)
+def check_runs(request, slug):
+    cluster = get_cluster_for_user(request, slug)
+    runs = CheckRun.objects.filter(node__cluster=cluster).select_related(
+        "node", "requested_by", "health_event")
+    run_filter = CheckRunFilter(request.GET, queryset=runs)
+    matching = run_filter.qs if run_filter.is_valid() else runs.none()
+    context = {**check_runs_context(cluster, matching, request.GET, request.GET.get("page")),
+               "tab": "health", "filter": run_filter,
+               "run_form": RunCheckForm(cluster=cluster,
+                                        initial={"node": request.GET.get("node", "")})}
+    return render(
+        request, "healthchecks/runs.html" + ("#run-table" if request.htmx else ""), context)
+
+
+@require_POST
+@require_role(Role.OPERATOR)
+def run_check(request, slug):
+    cluster = get_cluster_for_user(request, slug)
+    form = RunCheckForm(request.POST, cluster=cluster)
+    if not form.is_valid():
+        for errors in form.errors.values():
+            messages.error(request, " ".join(errors))
+        return redirect("healthchecks:runs", cluster.slug)
+    node = form.cleaned_data["node"]
+    names, purpose = form.checks_and_purpose()
+    requested = do_request_checks(node, names, purpose=purpose, actor=request.user,
+                                  request=request)
+    started = [run.check_name for run, created in requested if created]
+    running = [run.check_name for run, created in requested if not created]
+    if started:
+        messages.success(request, f"Started {', '.join(started)} on {node.name}.")
+    if running:
+        messages.info(request, f"Already running on {node.name}: {', '.join(running)}.")
+    if not request.htmx:
+        return redirect(f"{reverse('healthchecks:runs', args=[cluster.slug])}?node={node.name}")
+    params = QueryDict(mutable=True)
+    params["node"] = node.name
+    context = check_runs_context(cluster, node.check_runs.select_related(
+        "node", "requested_by", "health_event"), params, node=node)
+    return render(request, "healthchecks/_check_runs.html", context)

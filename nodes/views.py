@@ -4,7 +4,7 @@ import time
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_not_required
-from django.http import HttpResponse
+from django.http import HttpResponse, QueryDict
 from django.core.paginator import Paginator
 from django.db.models import Count, Q
 from django.shortcuts import get_object_or_404, redirect, render
@@ -12,6 +12,8 @@ from django.views.decorators.http import require_GET, require_POST
 
 from clusterui.roles import Role, require_role
 from clusterui.views import get_cluster_for_user
+from healthchecks.forms import RunCheckForm
+from healthchecks.views import check_runs_context
 
 from .filters import NodeFilter
 from .forms import PauseNodeForm
@@ -58,6 +60,9 @@ def node_detail(request, slug, name):
         "transitions": node.transitions.all()[:50],
         "pause_form": PauseNodeForm(),
         "grafana_url": grafana_url(node),
+        "run_form": RunCheckForm(cluster=node.cluster),
+        **check_runs_context(node.cluster, node.check_runs.select_related(
+            "node", "requested_by", "health_event"), QueryDict(f"node={node.name}"), node=node),
     }
     return render(request, "nodes/detail.html", context)
 
