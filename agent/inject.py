@@ -49,6 +49,11 @@ class Fault:
     xid: int | None = None  # kinds "xid" and "xid_storm" only
     duration_s: float | None = None  # kind "thermal" only; None: until the agent stops
 
+    @property
+    def label(self):
+        """"xid:79", "thermal", "gpu_lost"...: how the agent's log names the fault."""
+        return f"{self.kind}:{self.xid}" if self.xid is not None else self.kind
+
 
 def parse_inject(spec):
     """The faults a --inject value names, in the order given."""

@@ -144,11 +144,13 @@ class Daphne(Process):
 class Agent(Process):
     """The real agent (`python -m agent --simulate`), with its own state dir."""
 
-    def __init__(self, name, *, server_url, token, state_dir, log_path, env, inject=None):
+    def __init__(self, name, *, server_url, token, state_dir, log_path, env, inject=None,
+                 extra_args=()):
         self.node_name = name
         self.state_dir = Path(state_dir)
         argv = [sys.executable, "-m", "agent", "--simulate", "--server", server_url,
-                "--token", token, "--state-dir", self.state_dir, "--node-name", name]
+                "--token", token, "--state-dir", self.state_dir, "--node-name", name,
+                *extra_args]
         if inject:
             argv += ["--inject", inject]
         super().__init__(f"agent {name}", argv, env=env, log_path=log_path)
@@ -191,11 +193,12 @@ class ProcessGroup:
             server.start().wait_listening()
         return server
 
-    def agent(self, name, server, *, token, inject=None, state_dir=None):
+    def agent(self, name, server, *, token, inject=None, state_dir=None, extra_args=()):
         """The agent of node `name`, connecting to `server` (anything with an http:// url)."""
         agent = Agent(name, server_url=agent_url(server.url), token=token,
                       state_dir=state_dir or self.directory / f"state-{name}",
-                      log_path=self._log(f"agent-{name}"), env=self.env, inject=inject)
+                      log_path=self._log(f"agent-{name}"), env=self.env, inject=inject,
+                      extra_args=extra_args)
         return self._add(agent).start()
 
     def celery(self, role, *extra, **env):

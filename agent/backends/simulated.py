@@ -12,6 +12,7 @@ count. Only a lost GPU is the backend's own event, as on NVML."""
 
 import bisect
 import json
+import logging
 import time
 import uuid
 from importlib import resources
@@ -20,6 +21,8 @@ from agent.backends import CLOCK_EVENT_HW_THERMAL, cuda_version_text, gpu_lost_e
 from agent.detectors.kernel_log import SimulatedKernelLog
 from agent.detectors.xid import load_xid_descriptions
 from agent.inject import XID_STORM_LINES
+
+log = logging.getLogger(__name__)
 
 # Simulated GPU uuids are uuid5(this namespace, "<node>/<index>"): the same node name
 # gets the same GPUs at every start.
@@ -126,9 +129,13 @@ class SimulatedBackend:
         """Apply the one-time faults whose time has come; returns the seconds since start."""
         elapsed = self._clock() - self._start
         for number, fault in enumerate(self._faults):
-            if fault.kind == "thermal" or elapsed < fault.at_s or number in self._fired:
+            if fault.kind == "thermal":
+                self._note_thermal(number, fault, elapsed)
+                continue
+            if elapsed < fault.at_s or number in self._fired:
                 continue
             self._fired.add(number)
+            log.warning("injected %s on GPU %d", fault.label, fault.gpu)
             gpu = self._gpus[fault.gpu]
             if fault.kind == "xid":
                 self.kernel_log.write(self._xid_line(fault.xid, gpu))
@@ -142,6 +149,16 @@ class SimulatedBackend:
                 self._lost.add(fault.gpu)
                 self._events.append(gpu_lost_event(gpu["uuid"], source="simulated"))
         return elapsed
+
+    def _note_thermal(self, number, fault, elapsed):
+        """Log when an injected thermal slowdown starts and ends (what tests time against)."""
+        if _within(fault, elapsed) and (number, "started") not in self._fired:
+            self._fired.add((number, "started"))
+            log.warning("injected thermal on GPU %d", fault.gpu)
+        elif elapsed >= fault.at_s + (fault.duration_s or float("inf")) and (
+                number, "ended") not in self._fired:
+            self._fired.add((number, "ended"))
+            log.warning("injected thermal on GPU %d ended", fault.gpu)
 
     def _xid_line(self, code, gpu):
         """The line the NVIDIA driver writes for this Xid, as on a real node."""
