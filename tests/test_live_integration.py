@@ -365,7 +365,9 @@ class SummaryReader:
                         message = socket.recv(timeout=0.2)
                     except TimeoutError:
                         continue
-                    self.summaries.append((time.monotonic(), json.loads(message)))
+                    frame = json.loads(message)
+                    if "type" not in frame:  # a summary; typed messages (health.changed) are not
+                        self.summaries.append((time.monotonic(), frame))
         except ConnectionClosed as exc:
             self.error = exc
         except Exception as exc:  # reported by the waits that see no summaries

@@ -83,6 +83,10 @@
   }
 
   document.body.addEventListener("health-changed", refreshSoon);
+  // A node changed state (its timeline moved): also what a change made outside the server
+  // processes looks like here, e.g. a lost heartbeat opened by the Celery sweep in embedded
+  // mode, whose in-memory channel layer cannot reach this page's socket.
+  document.body.addEventListener("cluster-changed", refreshSoon);
   document.addEventListener("focusout", retryIfHeld);
   document.addEventListener("input", retryIfHeld);
   document.body.addEventListener("htmx:afterSwap", retryIfHeld);  // e.g. a row after resolve

@@ -33,7 +33,9 @@
       el.hidden = (el.dataset.liveWhen === "reporting") !== Boolean(summary.usage);
     });
     document.body.dispatchEvent(new CustomEvent("cluster-summary", { detail: summary }));
-    if (timelineHead !== null && summary.timeline_head !== timelineHead) {
+    // The first summary on each connection counts as a change: the page (or the last
+    // connection) may have missed what happened before it.
+    if (timelineHead === null || summary.timeline_head !== timelineHead) {
       document.body.dispatchEvent(new CustomEvent("cluster-changed", { detail: summary }));
     }
     timelineHead = summary.timeline_head;
@@ -41,7 +43,11 @@
 
   function connect() {
     const socket = new WebSocket(url);
-    socket.onopen = function () { delay = 1000; document.body.dataset.live = "on"; };
+    socket.onopen = function () {
+      delay = 1000;
+      timelineHead = null;
+      document.body.dataset.live = "on";
+    };
     socket.onmessage = function (e) {
       const message = JSON.parse(e.data);
       if (message.type) {
