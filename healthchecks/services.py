@@ -63,8 +63,18 @@ def do_record_health_event(
         except IntegrityError:
             continue  # opened a moment ago by another worker: count on that one
         refresh_node_state(node, reason=f"{signature} opened", now=now)
+        recommend_repair_after_commit(node)
         return event
     raise RuntimeError(f"cannot record {signature} on {node}: the open event keeps changing")
+
+
+def recommend_repair_after_commit(node):
+    """A new problem on the node: the repairs app looks for a repair to recommend (a task,
+    so the agent's frame is acked without waiting for it)."""
+    from repairs.tasks import recommend_repair
+
+    node_id = node.pk
+    transaction.on_commit(lambda: recommend_repair.delay(node_id), robust=True)
 
 
 @transaction.atomic

@@ -116,6 +116,14 @@ def checks_after_reboot_running(node):
     ).exists()
 
 
+def running_repair(node):
+    """'repair #12 (reboot) is running', or "" when no repair runs on the node."""
+    from repairs.models import Repair
+
+    repair = Repair.objects.filter(node=node, status="running").only("pk", "action").first()
+    return f"repair #{repair.pk} ({repair.action}) is running" if repair is not None else ""
+
+
 def facts_for(node, now):
     acceptance_pending = node.acceptance_required and (
         node.acceptance_passed_at is None or node.acceptance_passed_at < node.joined_at
@@ -123,6 +131,7 @@ def facts_for(node, now):
     return NodeFacts(
         paused=node.paused,
         paused_reason=node.paused_reason,
+        running_repair=running_repair(node),
         ever_connected=node.last_hello_at is not None,
         acceptance_pending=acceptance_pending,
         acceptance_detail=acceptance_detail(node) if acceptance_pending else "",

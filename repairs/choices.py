@@ -1,0 +1,90 @@
+from django.db import models
+
+
+class Action(models.TextChoices):
+    """DESIGN.md's four repair actions, cheapest first."""
+
+    REBOOT = "reboot", "reboot"
+    REPROVISION = "reprovision", "reprovision"
+    FAILOVER = "failover", "failover"
+    REMOVE = "remove", "remove"
+
+
+ACTIONS_BY_COST = [Action.REBOOT, Action.REPROVISION, Action.FAILOVER, Action.REMOVE]
+
+ACTION_EXPLANATIONS = {
+    Action.REBOOT: "reboot in place; local data is kept",
+    Action.REPROVISION: "a clean OS image; local data is cleared",
+    Action.FAILOVER: "the workload moves to a fresh node; local data is cleared",
+    Action.REMOVE: "out of the pool, to RMA",
+}
+
+
+def cost(action):
+    return ACTIONS_BY_COST.index(action)
+
+
+def one_step_costlier(action):
+    """reboot -> reprovision -> failover -> remove (remove stays remove)."""
+    return ACTIONS_BY_COST[min(cost(action) + 1, len(ACTIONS_BY_COST) - 1)]
+
+
+class Status(models.TextChoices):
+    """DESIGN.md's repair statuses; repairs/transitions.py holds the moves between them."""
+
+    PROPOSED = "proposed", "proposed"
+    APPROVED = "approved", "approved"
+    WAITING = "waiting", "waiting"
+    RUNNING = "running", "running"
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+    REJECTED = "rejected", "rejected"
+    RESOLVED = "resolved", "resolved"
+    SUPERSEDED = "superseded", "superseded"
+    CANCELLED = "cancelled", "cancelled"
+
+
+# A node has at most one repair in these at a time.
+OPEN_STATUSES = (Status.PROPOSED, Status.APPROVED, Status.WAITING, Status.RUNNING)
+FINISHED_STATUSES = tuple(s for s in Status if s not in OPEN_STATUSES)
+
+STATUS_COLOURS = {
+    Status.PROPOSED: "booting",
+    Status.APPROVED: "booting",
+    Status.WAITING: "paused",
+    Status.RUNNING: "booting",
+    Status.SUCCEEDED: "healthy",
+    Status.FAILED: "unhealthy",
+    Status.REJECTED: "pending",
+    Status.RESOLVED: "healthy",
+    Status.SUPERSEDED: "pending",
+    Status.CANCELLED: "pending",
+}
+
+
+class StepKind(models.TextChoices):
+    DRAIN = "drain", "drain"
+    ACT = "act", "act"
+    WAIT_FOR_NODE = "wait_for_node", "wait for the node"
+    VERIFY = "verify", "verify"
+    RESUME = "resume", "resume"
+
+
+# The steps of each action, in order.
+STEPS = {
+    Action.REBOOT: [StepKind.DRAIN, StepKind.ACT, StepKind.WAIT_FOR_NODE, StepKind.VERIFY,
+                    StepKind.RESUME],
+    Action.REPROVISION: [StepKind.DRAIN, StepKind.ACT, StepKind.WAIT_FOR_NODE, StepKind.VERIFY,
+                         StepKind.RESUME],
+    Action.FAILOVER: [StepKind.DRAIN, StepKind.ACT, StepKind.WAIT_FOR_NODE, StepKind.VERIFY,
+                      StepKind.RESUME],
+    Action.REMOVE: [StepKind.DRAIN, StepKind.ACT],
+}
+
+
+class StepStatus(models.TextChoices):
+    PENDING = "pending", "pending"
+    RUNNING = "running", "running"
+    WAITING = "waiting", "waiting"  # re-checked on a schedule (jobs to finish, the node to boot)
+    DONE = "done", "done"
+    FAILED = "failed", "failed"

@@ -1,0 +1,185 @@
+import uuid
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.urls import reverse
+
+from clusterui.models import Cluster
+from healthchecks.models import HealthEvent
+from nodes.models import Gpu, Node
+
+from .choices import STATUS_COLOURS, Action, Status, StepKind, StepStatus
+
+
+class RepairSettings(models.Model):
+    """How repairs run on one cluster: what drains its nodes, what reprovisions them, and
+    how much of it may be out of service at once. Admins edit it."""
+
+    class Scheduler(models.TextChoices):
+        NONE = "none", "none (nothing to drain)"
+        SLURM = "slurm", "Slurm"
+        KUBERNETES = "kubernetes", "Kubernetes"
+
+    class Provider(models.TextChoices):
+        SIMULATED = "simulated", "simulated (the demo fleet)"
+        COMMAND = "command", "shell commands"
+
+    cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, related_name="repair_settings")
+    scheduler = models.CharField(max_length=16, choices=Scheduler.choices, default=Scheduler.NONE)
+    scheduler_config = models.CharField(
+        max_length=255, blank=True,
+        help_text="Slurm: the slurm.conf the console's scontrol uses (empty: the default). "
+                  "Kubernetes: a kubeconfig path (empty: in-cluster credentials).")
+    provider = models.CharField(max_length=16, choices=Provider.choices, default=Provider.COMMAND)
+    provider_commands = models.JSONField(
+        default=dict, blank=True,
+        help_text="{action: shell command} for reprovision, failover and remove, with "
+                  "{node}, {hostname}, {cluster} and {action} placeholders.")
+    blast_radius_pct = models.PositiveSmallIntegerField(
+        default=10, validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="A repair waits while it would put more than this share of the cluster's "
+                  "nodes out of service (counting its own node; one node may always be).")
+    drain_grace_s = models.PositiveIntegerField(
+        default=600, help_text="How long a drain waits for running jobs before requeueing them.")
+    boot_timeout_s = models.PositiveIntegerField(
+        default=1800, help_text="How long a repair waits for the node to come back.")
+
+    def __str__(self):
+        return f"repair settings of {self.cluster}"
+
+
+class RepairPolicy(models.Model):
+    """An admin's choice for one signature on one cluster: which action it calls for (or
+    none), and whether its recommendations approve themselves. Signatures without a row
+    get the defaults (repairs.policy)."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="repair_policies")
+    signature = models.CharField(max_length=64)
+    action = models.CharField(max_length=16, choices=Action.choices, blank=True,
+                              help_text="empty: no repair for this signature")
+    auto_approve = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        ordering = ["cluster", "signature"]
+        constraints = [models.UniqueConstraint(fields=["cluster", "signature"],
+                                               name="one_policy_per_signature")]
+
+    def __str__(self):
+        return f"{self.signature} -> {self.action or 'none'}"
+
+
+class RepairQuerySet(models.QuerySet):
+    def open(self):
+        from .choices import OPEN_STATUSES
+
+        return self.filter(status__in=OPEN_STATUSES)
+
+
+class Repair(models.Model):
+    """A recommended or requested repair of one node, and its execution. `status` moves only
+    through repairs.transitions.transition()."""
+
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="repairs")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="repairs")
+    gpu = models.ForeignKey(Gpu, null=True, blank=True, on_delete=models.SET_NULL,
+                            related_name="repairs")
+    action = models.CharField(max_length=16, choices=Action.choices)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PROPOSED)
+    signature = models.CharField(max_length=64, help_text="the failure it answers")
+    reason = models.TextField(help_text="why this action: the policy, escalation, a person")
+    events = models.ManyToManyField(HealthEvent, blank=True, related_name="repairs")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+", help_text="empty: recommended by the system")
+    requested_at = models.DateTimeField()
+    reviewed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    reviewed_at = models.DateTimeField(null=True, blank=True)
+    review_comment = models.CharField(max_length=500, blank=True)
+    auto_approved = models.BooleanField(default=False)
+    waiting_reason = models.CharField(max_length=255, blank=True)
+    boot_id_before = models.CharField(max_length=64, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.TextField(blank=True, help_text="how it ended: success, or the failure")
+    superseded_by = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL,
+                                      related_name="+")
+
+    objects = RepairQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+        indexes = [models.Index(fields=["cluster", "status"]),
+                   models.Index(fields=["node", "status"])]
+        constraints = [
+            # One open repair per node: the database refuses a second.
+            models.UniqueConstraint(
+                fields=["node"], name="one_open_repair_per_node",
+                condition=models.Q(status__in=["proposed", "approved", "waiting", "running"])),
+        ]
+
+    def __str__(self):
+        return f"#{self.pk} {self.action} {self.node.name} ({self.status})"
+
+    def get_absolute_url(self):
+        return reverse("repairs:detail", args=[self.cluster.slug, self.public_id])
+
+    @property
+    def status_colour(self):
+        return STATUS_COLOURS[self.status]
+
+    @property
+    def number(self):
+        return self.pk
+
+
+class RepairTransition(models.Model):
+    """One move of a repair's status: who, when, why. Append-only."""
+
+    repair = models.ForeignKey(Repair, on_delete=models.CASCADE, related_name="transitions")
+    from_status = models.CharField(max_length=16, choices=Status.choices, blank=True)
+    to_status = models.CharField(max_length=16, choices=Status.choices)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                              on_delete=models.SET_NULL, related_name="+")
+    actor_name = models.CharField(max_length=150)
+    reason = models.CharField(max_length=500, blank=True)
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self):
+        return f"#{self.repair_id} {self.from_status} -> {self.to_status}"
+
+
+class RepairStep(models.Model):
+    """One step of a running repair. Each runs as its own short Celery task and may run
+    again (a worker killed mid-step); `details` records what it has already done, so a
+    second run does not do it twice."""
+
+    repair = models.ForeignKey(Repair, on_delete=models.CASCADE, related_name="steps")
+    position = models.PositiveSmallIntegerField()
+    kind = models.CharField(max_length=16, choices=StepKind.choices)
+    status = models.CharField(max_length=16, choices=StepStatus.choices,
+                              default=StepStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    next_check_at = models.DateTimeField(null=True, blank=True)
+    message = models.CharField(max_length=500, blank=True, help_text="where it stands, in words")
+    output = models.TextField(blank=True, help_text="what the commands said")
+    details = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["repair", "position"]
+        constraints = [models.UniqueConstraint(fields=["repair", "position"],
+                                               name="one_step_per_position")]
+        indexes = [models.Index(fields=["status", "next_check_at"])]
+
+    def __str__(self):
+        return f"#{self.repair_id} step {self.position} {self.kind} ({self.status})"

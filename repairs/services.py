@@ -1,0 +1,251 @@
+"""Writes for repairs: recommending, proposing, approving, rejecting, cancelling, starting.
+Status moves go through repairs.transitions.transition(); running is repairs.steps'."""
+
+import math
+from datetime import timedelta
+
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from clusterui.services import record_audit
+from nodes.choices import NodeState
+from nodes.models import Node
+from nodes.states import open_problem_events, refresh_node_state
+
+from .choices import STEPS, Status, StepStatus, cost
+from .live import announce_repair_change
+from .models import Repair, RepairPolicy, RepairSettings, RepairStep
+from .policy import choose_action, escalate, in_cooldown
+from .transitions import Conflict, transition
+
+RESOLVE_AFTER = timedelta(minutes=5)
+
+
+class RepairRefused(Exception):
+    """A person asked for something the rules do not allow; str() says why."""
+
+
+def settings_for(cluster):
+    settings, _ = RepairSettings.objects.get_or_create(cluster=cluster)
+    return settings
+
+
+def recommendation_for(node, now):
+    """(action, reason, signature, gpu, events) for the node's open problems, the costliest
+    first; None when none calls for a repair."""
+    policies = {p.signature: p for p in RepairPolicy.objects.filter(cluster=node.cluster)}
+    events = open_problem_events(node, now)
+    best = None
+    for event in events:
+        choice = choose_action(event, policies, now)
+        if choice is None:
+            continue
+        choice = escalate(node, event.signature, choice, now)
+        if best is None or cost(choice.action) > cost(best[0].action):
+            best = (choice, event)
+    if best is None:
+        return None
+    choice, event = best
+    return choice.action, choice.why, event.signature, event.gpu, events
+
+
+@transaction.atomic
+def refresh_recommendation(node, now=None):
+    """Recommend a repair for the node's open problems, following DESIGN.md: one open repair
+    per node; a costlier recommendation supersedes a proposed one; none while the node is in
+    cooldown or a repair is already approved or running. Returns the node's open repair."""
+    now = now or timezone.now()
+    node = Node.objects.select_for_update().select_related("cluster").get(pk=node.pk)
+    current = node.repairs.open().first()
+    if current is not None and current.status != Status.PROPOSED:
+        return current
+    if in_cooldown(node, now):
+        return current
+    found = recommendation_for(node, now)
+    if found is None:
+        return current
+    action, why, signature, gpu, events = found
+    if current is not None and cost(action) <= cost(current.action):
+        current.events.add(*events)
+        return current
+    if current is not None:
+        transition(current, Status.SUPERSEDED, reason=f"a costlier repair ({action}) is needed",
+                   now=now)
+    repair = Repair.objects.create(
+        cluster=node.cluster, node=node, gpu=gpu, action=action, signature=signature,
+        reason=why, requested_at=now, boot_id_before=node.boot_id)
+    repair.events.add(*events)
+    if current is not None:
+        Repair.objects.filter(pk=current.pk).update(superseded_by=repair)
+    announce_repair_change(node.cluster)
+    policy = RepairPolicy.objects.filter(cluster=node.cluster, signature=signature).first()
+    if policy is not None and policy.auto_approve and policy.action == action:
+        repair = transition(repair, Status.APPROVED, reason=f"auto-approved: the cluster's "
+                            f"policy for {signature}", now=now, auto_approved=True, reviewed_at=now)
+        start_repair(repair, now=now)
+    return repair
+
+
+def refresh_recommendations(now=None):
+    """Beat: recommend for every node with open problems and no repair in progress, and
+    resolve proposals whose events stayed closed. Returns (recommended, resolved)."""
+    from healthchecks.choices import NODE_AFFECTING
+    from healthchecks.models import HealthEvent
+
+    now = now or timezone.now()
+    node_ids = (HealthEvent.objects.open().filter(severity__in=NODE_AFFECTING)
+                .values_list("node_id", flat=True).distinct())
+    recommended = 0
+    for node in Node.objects.filter(pk__in=list(node_ids)):
+        before = node.repairs.open().values_list("pk", flat=True).first()
+        after = refresh_recommendation(node, now=now)
+        recommended += after is not None and after.pk != before
+    return recommended, resolve_quiet_recommendations(now=now)
+
+
+def resolve_quiet_recommendations(now=None):
+    """Proposals whose events have all been closed for 5 minutes resolve themselves."""
+    now = now or timezone.now()
+    resolved = 0
+    for repair in Repair.objects.filter(status=Status.PROPOSED).prefetch_related("events"):
+        events = list(repair.events.all())
+        if not events or any(e.closed_at is None for e in events):
+            continue
+        if max(e.closed_at for e in events) > now - RESOLVE_AFTER:
+            continue
+        try:
+            transition(repair, Status.RESOLVED, now=now,
+                       reason="its events closed and stayed closed for 5 minutes",
+                       finished_at=now, outcome="resolved before anyone acted")
+            resolved += 1
+        except Conflict:
+            pass
+    return resolved
+
+
+@transaction.atomic
+def do_propose_repair(node, *, action, actor, reason, request=None, now=None):
+    """An operator proposes a repair by hand; it waits for approval like any other."""
+    now = now or timezone.now()
+    node = Node.objects.select_for_update().select_related("cluster").get(pk=node.pk)
+    current = node.repairs.open().first()
+    if current is not None:
+        raise RepairRefused(f"{node.name} already has repair #{current.pk} "
+                            f"({current.action}, {current.get_status_display()})")
+    try:
+        with transaction.atomic():
+            repair = Repair.objects.create(
+                cluster=node.cluster, node=node, action=action, signature="manual",
+                reason=f"proposed by {actor.get_username()}: {reason}", requested_by=actor,
+                requested_at=now, boot_id_before=node.boot_id)
+    except IntegrityError:
+        raise RepairRefused(f"{node.name} already has an open repair") from None
+    repair.events.add(*node.health_events.open())
+    record_audit(actor, "repair.propose", repair, cluster=node.cluster, request=request,
+                 changes={"action": action, "reason": reason}, now=now)
+    announce_repair_change(node.cluster)
+    return repair
+
+
+@transaction.atomic
+def do_approve_repair(repair, *, actor, comment="", request=None, now=None):
+    """Approve a proposed repair and start it (or let it wait for the blast-radius limit).
+    Two operators approving at once: one wins, the other gets Conflict."""
+    now = now or timezone.now()
+    repair = transition(repair, Status.APPROVED, actor=actor, reason=comment or "approved",
+                        now=now, reviewed_by=actor, reviewed_at=now, review_comment=comment)
+    record_audit(actor, "repair.approve", repair, cluster=repair.cluster, request=request,
+                 changes={"comment": comment}, now=now)
+    return start_repair(repair, now=now)
+
+
+@transaction.atomic
+def do_reject_repair(repair, *, actor, comment="", request=None, now=None):
+    now = now or timezone.now()
+    repair = transition(repair, Status.REJECTED, actor=actor, reason=comment or "rejected",
+                        now=now, reviewed_by=actor, reviewed_at=now, review_comment=comment,
+                        finished_at=now, outcome="rejected")
+    record_audit(actor, "repair.reject", repair, cluster=repair.cluster, request=request,
+                 changes={"comment": comment}, now=now)
+    return repair
+
+
+@transaction.atomic
+def do_cancel_repair(repair, *, actor, comment="", request=None, now=None):
+    """Proposed, approved or waiting repairs can be cancelled; a running one cannot."""
+    now = now or timezone.now()
+    repair = transition(repair, Status.CANCELLED, actor=actor, reason=comment or "cancelled",
+                        now=now, finished_at=now, outcome=f"cancelled by {actor.get_username()}")
+    record_audit(actor, "repair.cancel", repair, cluster=repair.cluster, request=request,
+                 changes={"comment": comment}, now=now)
+    return repair
+
+
+def blast_radius_verdict(repair):
+    """None when the repair may start now, else why it waits."""
+    cluster = repair.cluster
+    settings = settings_for(cluster)
+    nodes = Node.objects.filter(cluster=cluster)
+    total = nodes.count()
+    limit = max(1, math.floor(total * settings.blast_radius_pct / 100))
+    under_repair = Repair.objects.filter(cluster=cluster, status=Status.RUNNING).values("node")
+    out = (nodes.exclude(pk=repair.node_id)
+           .filter(Q(state=NodeState.PAUSED) | Q(pk__in=under_repair)).count())
+    if out + 1 <= limit:
+        return None
+    return (f"{out} of {total} nodes are out of service (paused or under repair); the limit "
+            f"is {settings.blast_radius_pct} % ({limit} node{'s' if limit != 1 else ''})")
+
+
+@transaction.atomic
+def start_repair(repair, now=None):
+    """Run an approved or waiting repair now, or hold it back (waiting) while the
+    blast-radius limit says so. Returns the repair."""
+    now = now or timezone.now()
+    node = Node.objects.select_for_update().get(pk=repair.node_id)
+    repair.refresh_from_db()
+    if repair.status not in (Status.APPROVED, Status.WAITING):
+        return repair
+    why_wait = blast_radius_verdict(repair)
+    if why_wait is not None:
+        if repair.status == Status.APPROVED:
+            return transition(repair, Status.WAITING, reason=why_wait, now=now,
+                              waiting_reason=why_wait)
+        if why_wait != repair.waiting_reason:
+            Repair.objects.filter(pk=repair.pk).update(waiting_reason=why_wait)
+            announce_repair_change(repair.cluster)
+        return repair
+    repair = transition(repair, Status.RUNNING, reason="started", now=now, started_at=now,
+                        waiting_reason="", boot_id_before=node.boot_id)
+    RepairStep.objects.bulk_create([
+        RepairStep(repair=repair, position=position, kind=kind)
+        for position, kind in enumerate(STEPS[repair.action])
+    ])
+    refresh_node_state(node, reason=f"repair #{repair.pk} ({repair.action}) started", now=now)
+    first = repair.steps.get(position=0)
+    enqueue_step(first.pk)
+    return repair
+
+
+def enqueue_step(step_id):
+    from .tasks import run_repair_step
+
+    transaction.on_commit(lambda: run_repair_step.delay(step_id))
+
+
+def start_waiting_repairs(now=None):
+    """Beat: waiting repairs start once the blast-radius limit lets them (oldest first)."""
+    started = 0
+    for repair in Repair.objects.filter(status=Status.WAITING).order_by("reviewed_at", "id"):
+        started += start_repair(repair, now=now).status == Status.RUNNING
+    return started
+
+
+def due_steps(now=None):
+    """Beat: ids of the waiting steps whose next check has come."""
+    now = now or timezone.now()
+    return list(RepairStep.objects.filter(
+        status=StepStatus.WAITING, next_check_at__lte=now, repair__status=Status.RUNNING,
+    ).values_list("pk", flat=True))
+

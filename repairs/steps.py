@@ -1,0 +1,285 @@
+"""Running a repair: drain -> act -> wait for the node -> verify -> resume (remove: drain ->
+act). Each step is one short Celery task (repairs.tasks.run_repair_step); a step that has
+to wait (jobs to end, the node to boot, a check to finish) says when to look again and the
+beat task runs it again then. No task sleeps.
+
+A step may run twice: a worker killed mid-step has its task delivered again (acks_late,
+reject_on_worker_lost). So each step first looks at what is already so (the node drained
+with our reason, the reboot command already sent) and does only what is missing.
+"""
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from healthchecks.checks import AFTER_REBOOT_CHECKS
+from healthchecks.models import CheckRun
+from healthchecks.services import do_request_checks
+from nodes.services import do_pause_node
+from nodes.states import refresh_node_state
+
+from .choices import Action, Status, StepKind, StepStatus
+from .executors import ExecutorError, NoScheduler
+from .live import announce_repair_change
+from .models import Repair, RepairSettings, RepairStep
+from .services import enqueue_step, settings_for
+from .transitions import transition
+
+RECHECK = timedelta(seconds=5)
+JOBS_RECHECK = timedelta(seconds=15)
+OUTPUT_LIMIT = 16 * 1024
+
+
+@dataclass(frozen=True)
+class Done:
+    message: str
+    output: str = ""
+
+
+@dataclass(frozen=True)
+class Wait:
+    message: str
+    after: timedelta = RECHECK
+    output: str = ""
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+    output: str = ""
+
+
+def drain_reason(repair):
+    return f"clusterui repair #{repair.pk}"
+
+
+def scheduler_for(cluster):
+    settings = settings_for(cluster)
+    if settings.scheduler == RepairSettings.Scheduler.SLURM:
+        from .executors.slurm import SlurmScheduler
+
+        return SlurmScheduler(slurm_conf=settings.scheduler_config or None)
+    if settings.scheduler == RepairSettings.Scheduler.KUBERNETES:
+        from .executors.kubernetes import KubernetesScheduler, from_kubeconfig
+
+        return KubernetesScheduler(from_kubeconfig(settings.scheduler_config or None))
+    return NoScheduler()
+
+
+def provider_for(cluster):
+    settings = settings_for(cluster)
+    if settings.provider == RepairSettings.Provider.SIMULATED:
+        from .executors.providers import SimulatedProvider
+
+        return SimulatedProvider(reboot_node=lambda name: send_reboot(cluster.nodes.get(name=name)))
+    from .executors.providers import CommandProvider
+
+    return CommandProvider(settings.provider_commands, cluster=cluster.slug)
+
+
+def send_reboot(node):
+    from nodes.services import do_send_command
+
+    return do_send_command(node, "reboot")
+
+
+# The steps. Each takes (repair, step, now) and returns Done, Wait or Failed.
+
+
+def drain(repair, step, now):
+    scheduler = scheduler_for(repair.cluster)
+    name = repair.node.name
+    output = ""
+    state = scheduler.node(name)
+    if not (state.drained and state.reason.startswith(drain_reason(repair))):
+        output = scheduler.drain(name, drain_reason(repair))
+    jobs = scheduler.running_jobs(name)
+    if not jobs:
+        return Done(f"drained ({scheduler.name})", output)
+    grace = timedelta(seconds=settings_for(repair.cluster).drain_grace_s)
+    started = step.started_at or now
+    if now < started + grace:
+        return Wait(f"drained; waiting for {len(jobs)} running job(s) to end, until "
+                    f"{(started + grace):%H:%M:%S} UTC", JOBS_RECHECK, output)
+    requeued = set(step.details.get("requeued", []))
+    todo = [job.id for job in jobs if job.id not in requeued]
+    if todo:
+        set_details(step, requeued=sorted(requeued | set(todo)))
+        output += scheduler.requeue(todo)
+    return Wait(f"grace period over: requeued {len(todo) or len(requeued)} job(s); waiting for "
+                f"them to leave the node", RECHECK, output)
+
+
+def act(repair, step, now):
+    if repair.action == Action.REBOOT:
+        return act_reboot(repair, step)
+    if "provider_done" in step.details:
+        return Done(f"{repair.action} done by the provider")
+    output = provider_for(repair.cluster).run(repair.action, repair.node.name)
+    set_details(step, provider_done=now.isoformat())
+    if repair.action == Action.REMOVE:
+        do_pause_node(repair.node, actor=None,
+                      reason=f"removed from the pool for RMA (repair #{repair.pk})")
+    return Done(f"{repair.action} started by the provider", output)
+
+
+def act_reboot(repair, step):
+    from nodes.models import AgentCommand
+
+    command_id = step.details.get("command_id")
+    if command_id is None:
+        with transaction.atomic():
+            command = send_reboot(repair.node)
+            set_details(step, command_id=command.pk)
+        return Wait(f"reboot command #{command.pk} sent to the agent")
+    command = AgentCommand.objects.get(pk=command_id)
+    if command.status in ("accepted", "ok"):
+        return Done(f"the agent accepted reboot command #{command.pk}", command.message)
+    if command.status in ("failed", "timed_out"):
+        return Failed(f"reboot command #{command.pk} {command.get_status_display()}: "
+                      f"{command.message}")
+    return Wait(f"reboot command #{command.pk} is {command.get_status_display()}")
+
+
+def wait_for_node(repair, step, now):
+    node = repair.node
+    node.refresh_from_db()
+    if node.boot_id and node.boot_id != repair.boot_id_before:
+        return Done(f"back with a new boot id ({node.boot_id[:8]}…)")
+    timeout = timedelta(seconds=settings_for(repair.cluster).boot_timeout_s)
+    if now > (step.started_at or now) + timeout:
+        return Failed(f"the node did not come back within {timeout.total_seconds() / 60:g} min")
+    return Wait("waiting for the node to say hello with a new boot id")
+
+
+def verify(repair, step, now):
+    node = repair.node
+    node.refresh_from_db()
+    runs = CheckRun.objects.filter(pk__in=step.details.get("runs", []))
+    if not runs.exists():
+        existing = CheckRun.objects.filter(node=node, purpose=CheckRun.Purpose.AFTER_REBOOT,
+                                           boot_id=node.boot_id, check_name__in=AFTER_REBOOT_CHECKS)
+        requested = {run.check_name: run for run in existing}
+        missing = [name for name in AFTER_REBOOT_CHECKS if name not in requested]
+        for run, _ in do_request_checks(node, missing, purpose=CheckRun.Purpose.AFTER_REBOOT,
+                                        now=now):
+            requested[run.check_name] = run
+        set_details(step, runs=[requested[name].pk for name in AFTER_REBOOT_CHECKS])
+        return Wait(f"running {', '.join(AFTER_REBOOT_CHECKS)}")
+    runs = list(runs)
+    if any(not run.is_finished for run in runs):
+        waiting = [run.check_name for run in runs if not run.is_finished]
+        return Wait(f"waiting for {', '.join(waiting)}")
+    failed = [run for run in runs if run.status != CheckRun.Status.PASSED]
+    if failed:
+        return Failed("; ".join(f"{run.check_name} {run.get_status_display()}: {run.message}"
+                                for run in failed))
+    from nodes.inventory import do_accept_gpu_inventory
+
+    if node.hello_gpus is not None:
+        do_accept_gpu_inventory(node, actor=None)
+    return Done(f"passed {', '.join(run.check_name for run in runs)}")
+
+
+def resume(repair, step, now):
+    scheduler = scheduler_for(repair.cluster)
+    name = repair.node.name
+    state = scheduler.node(name)
+    if state.drained and not state.reason.startswith(drain_reason(repair)) and state.reason:
+        return Done(f"left drained: its drain reason is not this repair's ({state.reason})")
+    output = scheduler.resume(name) if state.drained else ""
+    return Done(f"resumed ({scheduler.name})", output)
+
+
+STEP_FUNCTIONS = {
+    StepKind.DRAIN: drain,
+    StepKind.ACT: act,
+    StepKind.WAIT_FOR_NODE: wait_for_node,
+    StepKind.VERIFY: verify,
+    StepKind.RESUME: resume,
+}
+
+
+def set_details(step, **values):
+    """Record what a step has done, at once and on its own, before anything that could fail
+    after it: a second run reads it."""
+    step.details = {**step.details, **values}
+    RepairStep.objects.filter(pk=step.pk).update(details=step.details)
+
+
+def claim(step_id, now):
+    """Mark the step running (a new attempt) if it is due; the step, or None if not."""
+    due = (RepairStep.objects.filter(pk=step_id, repair__status=Status.RUNNING)
+           .exclude(status__in=[StepStatus.DONE, StepStatus.FAILED])
+           .exclude(status=StepStatus.WAITING, next_check_at__gt=now))
+    step = due.select_related("repair__node__cluster", "repair__cluster").first()
+    if step is None:
+        return None
+    RepairStep.objects.filter(pk=step.pk).update(
+        status=StepStatus.RUNNING, attempts=step.attempts + 1,
+        started_at=step.started_at or now)
+    step.started_at = step.started_at or now
+    return step
+
+
+def run_step(step_id, now=None):
+    """Run one step once; record how it went; start the next step or end the repair."""
+    now = now or timezone.now()
+    step = claim(step_id, now)
+    if step is None:
+        return None
+    repair = step.repair
+    try:
+        outcome = STEP_FUNCTIONS[step.kind](repair, step, now)
+    except ExecutorError as exc:
+        outcome = Failed(str(exc))
+    record_outcome(step, outcome, timezone.now())
+    return outcome
+
+
+@transaction.atomic
+def record_outcome(step, outcome, now):
+    repair = Repair.objects.select_for_update().get(pk=step.repair_id)
+    output = (step.output + outcome.output)[-OUTPUT_LIMIT:]
+    if isinstance(outcome, Wait):
+        RepairStep.objects.filter(pk=step.pk).update(
+            status=StepStatus.WAITING, message=outcome.message[:500], output=output,
+            next_check_at=now + outcome.after)
+        announce_repair_change(repair.cluster)
+        return
+    status = StepStatus.DONE if isinstance(outcome, Done) else StepStatus.FAILED
+    RepairStep.objects.filter(pk=step.pk).update(
+        status=status, message=outcome.message[:500], output=output, finished_at=now,
+        next_check_at=None)
+    if isinstance(outcome, Failed):
+        fail_repair(repair, f"{step.get_kind_display()} failed: {outcome.message}", now)
+        return
+    following = repair.steps.filter(position__gt=step.position).order_by("position").first()
+    if following is not None:
+        enqueue_step(following.pk)
+        announce_repair_change(repair.cluster)
+        return
+    transition(repair, Status.SUCCEEDED, reason="every step done", now=now, finished_at=now,
+               outcome=outcome.message if repair.action == Action.REMOVE else
+               "repaired: drained, acted, back, verified and resumed")
+    refresh_node_state(repair.node, reason=f"repair #{repair.pk} succeeded", now=now)
+
+
+def fail_repair(repair, why, now):
+    """The repair fails with its reason; the node stays out of service (paused)."""
+    transition(repair, Status.FAILED, reason=why, now=now, finished_at=now, outcome=why)
+    do_pause_node(repair.node, actor=None, reason=f"repair #{repair.pk} failed: {why}"[:255],
+                  now=now)
+
+
+def run_due_steps(now=None):
+    """Beat: enqueue the waiting steps whose next check has come."""
+    from .services import due_steps
+
+    due = due_steps(now)
+    for step_id in due:
+        with transaction.atomic():
+            enqueue_step(step_id)
+    return len(due)
