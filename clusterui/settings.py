@@ -261,6 +261,7 @@ CELERY_BEAT_SCHEDULE = {
     "prune-rollups": {"task": "nodes.tasks.prune_rollups", "schedule": 3600.0},
     "sweep-health-events": {"task": "healthchecks.tasks.sweep_health_events", "schedule": 60.0},
     "expire-check-runs": {"task": "healthchecks.tasks.expire_check_runs", "schedule": 30.0},
+    "expire-agent-commands": {"task": "nodes.tasks.expire_commands", "schedule": 30.0},
 }
 
 # Node state timing (DESIGN.md "Node states").

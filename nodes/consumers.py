@@ -185,6 +185,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.send_frame({"type": "config", "sample_interval_s": ingest.sample_interval_s(),
                                "startup_scripts": []})
         await self.send_run_checks()
+        await self.send_commands()
 
     async def agent_replaced(self, message):
         """A newer connection for this node said hello: this one goes (PROTOCOL.md, 4409)."""
@@ -226,8 +227,23 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.send_frame(frame)
 
     async def on_command_result(self, frame):
-        logger.info("node %s: command_result for command %s, no such command", self.node_id,
-                    frame["id"])
+        if not await database_sync_to_async(ingest.record_command_result)(self.node_id, frame):
+            await self.send_frame({
+                "type": "error", "code": "bad_message",
+                "message": f"command_result.id: no command {frame['id']} for this node",
+            })
+
+    async def command_send(self, message):
+        """A command waits for this node's agent (nodes.services.do_send_command)."""
+        if self.node_id is None or self.closed:
+            return
+        await self.send_commands([message["command_id"]])
+
+    async def send_commands(self, command_ids=None):
+        frames = await database_sync_to_async(ingest.command_frames_for)(self.node_id,
+                                                                         command_ids)
+        for frame in frames:
+            await self.send_frame(frame)
 
     async def on_script_result(self, frame):
         logger.info("node %s: script_result for script %s, no such script", self.node_id,

@@ -22,7 +22,16 @@ from healthchecks.services import (
 )
 
 from .models import AgentEventReceipt, AgentToken, Node
-from .services import do_issue_node_token, do_record_hello, do_register_node, find_usable_token
+from .services import (
+    do_finish_reboots_after_hello,
+    do_issue_node_token,
+    do_mark_command_sent,
+    do_record_command_result,
+    do_record_hello,
+    do_register_node,
+    find_usable_token,
+    unfinished_command_ids,
+)
 from .states import note_on_timeline
 
 
@@ -144,3 +153,22 @@ def record_check_result(node_id, frame, now=None):
                                  metrics=frame.get("metrics"), message=frame.get("message") or "",
                                  now=now)
     return run is not None
+
+
+def command_frames_for(node_id, command_ids=None, now=None):
+    """command frames to send on the node's connection: the given commands, or (after a
+    hello) every one not yet answered, once the reboots this hello shows done are finished
+    (nodes.services: a reboot is never sent again to a node that rebooted)."""
+    if command_ids is None:
+        do_finish_reboots_after_hello(node_id, now=now)
+        command_ids = unfinished_command_ids(node_id)
+    frames = (do_mark_command_sent(node_id, command_id, now=now) for command_id in command_ids)
+    return [frame for frame in frames if frame is not None]
+
+
+def record_command_result(node_id, frame, now=None):
+    """True when the result belonged to one of the node's commands."""
+    node = Node.objects.get(pk=node_id)
+    command = do_record_command_result(node, command_id=frame["id"], status=frame["status"],
+                                       message=frame.get("message") or "", now=now)
+    return command is not None

@@ -235,6 +235,71 @@ class NodeRollup(models.Model):
         indexes = [models.Index(fields=["minute"])]
 
 
+class AgentCommandQuerySet(models.QuerySet):
+    def unfinished(self):
+        return self.filter(status__in=AgentCommand.UNFINISHED)
+
+
+class AgentCommand(models.Model):
+    """One action asked of a node's agent (PROTOCOL.md `command`), and how it ended.
+
+    The command's primary key is the protocol's command `id`; pages and URLs use `public_id`.
+    A reboot is done when the node says hello with another boot id than `boot_id_before`
+    (nodes.services.do_finish_reboots_after_hello): a rebooting agent cannot say `ok`.
+    """
+
+    class Action(models.TextChoices):
+        REBOOT = "reboot", "reboot"
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "queued"  # not yet handed to a connection of the node's agent
+        SENT = "sent", "sent"  # handed to a connection; no answer yet
+        ACCEPTED = "accepted", "accepted"  # the agent started it (a reboot: under way)
+        OK = "ok", "ok"
+        FAILED = "failed", "failed"
+        TIMED_OUT = "timed_out", "timed out"  # not finished before its deadline
+
+    UNANSWERED = (Status.QUEUED, Status.SENT)  # these go out (again) after a hello
+    UNFINISHED = (*UNANSWERED, Status.ACCEPTED)
+    # How long an action may take, from the request to its end. A reboot includes the
+    # node's boot: GPU servers take 5-10 minutes through their firmware.
+    DEFAULT_DEADLINE_S = {Action.REBOOT: 15 * 60}
+
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="agent_commands")
+    action = models.CharField(max_length=16, choices=Action.choices)
+    params = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+", help_text="empty: the system (a repair)",
+    )
+    requested_at = models.DateTimeField()
+    sent_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    deadline_at = models.DateTimeField()
+    message = models.TextField(blank=True)
+    boot_id_before = models.CharField(
+        max_length=64, blank=True, help_text="the node's boot id when the command was asked"
+    )
+
+    objects = AgentCommandQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+        indexes = [
+            models.Index(fields=["node", "status"]),
+            models.Index(fields=["status", "deadline_at"]),
+        ]
+
+    def __str__(self):
+        return f"{self.action} on {self.node.name} ({self.status})"
+
+    @property
+    def is_finished(self):
+        return self.status not in self.UNFINISHED
+
+
 class PublisherStatus(models.Model):
     """When the live publisher (the one that writes last_seen) started and last ran.
 

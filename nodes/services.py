@@ -2,6 +2,7 @@
 
 import hashlib
 import secrets
+from datetime import timedelta
 
 from django.db import transaction
 from django.db.models import F, Q
@@ -23,7 +24,7 @@ from .inventory import (
     inventory_difference,
     inventory_gpu,
 )
-from .models import AgentToken, Gpu, Node
+from .models import AgentCommand, AgentToken, Gpu, Node
 from .states import refresh_node_state
 
 
@@ -260,3 +261,145 @@ def find_usable_token(plaintext, *, now=None):
         .filter(token_hash=hash_token(plaintext))
         .first()
     )
+
+
+# Commands to a node's agent (PROTOCOL.md `command` / `command_result`).
+#
+# A command goes out when asked if the node's agent is connected, else after its next hello.
+# After a reconnect, only commands that never got an answer (queued, sent) go out again: the
+# agent answers an id it has seen with its earlier answer and does not act twice. An accepted
+# command is not sent again: the agent has started it.
+#
+# A reboot is done when the node says hello with another boot id than the one it had when
+# the reboot was asked: ok, "the node rebooted", whatever the agent said or did not say
+# (a rebooting agent is stopped before it could). This holds for a reboot still queued or
+# sent, too: a node that rebooted meanwhile is not rebooted again.
+#
+# Commands go out only before their deadline; past it, expire_commands() times them out.
+
+
+def command_frame(command):
+    return {"type": "command", "id": command.pk, "action": command.action,
+            "params": command.params}
+
+
+def offer_command_to_agent(command_id, node_id):
+    """Tell the node's agent connection, wherever it is served, that a command waits for it.
+    Nothing listens while the agent is offline: its next hello picks the command up."""
+    from clusterui.realtime import broadcast
+
+    from .consumers import agent_group
+
+    broadcast(agent_group(node_id), "command.send", command_id=command_id)
+
+
+@transaction.atomic
+def do_send_command(node, action, *, params=None, actor=None, deadline_s=None, request=None,
+                    now=None):
+    """Ask the node's agent to carry out `action` (AgentCommand.Action). While a command of
+    the same action is unfinished on the node, that one is returned and no second one is
+    made: a repeated request (a retried repair step, a double click) does not reboot twice.
+    `actor` None: the system (a repair)."""
+    if action not in AgentCommand.Action.values:
+        raise ValueError(f"unknown command action {action!r}")
+    now = now or timezone.now()
+    node = Node.objects.select_for_update().select_related("cluster").get(pk=node.pk)
+    unfinished = AgentCommand.objects.unfinished().filter(node=node, action=action).first()
+    if unfinished is not None:
+        return unfinished
+    if deadline_s is None:
+        deadline_s = AgentCommand.DEFAULT_DEADLINE_S[action]
+    command = AgentCommand.objects.create(
+        node=node, action=action, params=params or {}, requested_by=actor, requested_at=now,
+        deadline_at=now + timedelta(seconds=deadline_s), boot_id_before=node.boot_id,
+    )
+    if actor is not None:
+        record_audit(actor, "agentcommand.send", command, cluster=node.cluster, request=request,
+                     changes={"node": node.name, "action": action, "params": command.params},
+                     now=now)
+    transaction.on_commit(lambda: offer_command_to_agent(command.pk, node.pk))
+    return command
+
+
+def do_mark_command_sent(node_id, command_id, now=None):
+    """The command's frame, marked as handed to the agent's connection; None when it is
+    answered or finished, past its deadline, or not this node's."""
+    now = now or timezone.now()
+    sendable = AgentCommand.objects.filter(
+        pk=command_id, node_id=node_id, status__in=AgentCommand.UNANSWERED, deadline_at__gt=now)
+    if not sendable.update(status=AgentCommand.Status.SENT, sent_at=now):
+        return None
+    return command_frame(AgentCommand.objects.get(pk=command_id))
+
+
+def unfinished_command_ids(node_id):
+    """The node's commands that go out (again) after a hello: those never answered."""
+    return list(AgentCommand.objects.filter(node_id=node_id, status__in=AgentCommand.UNANSWERED)
+                .order_by("id").values_list("id", flat=True))
+
+
+def _rebooted_since(command, node):
+    # No boot id when asked: the node never said hello before, and nothing tells its boots apart.
+    return (command.action == AgentCommand.Action.REBOOT and command.boot_id_before != ""
+            and node.boot_id != command.boot_id_before)
+
+
+def _finish(command, status, message, now):
+    """Conditional: only an unfinished command finishes, once. True when this call did."""
+    return bool(AgentCommand.objects.filter(pk=command.pk, status__in=AgentCommand.UNFINISHED)
+                .update(status=status, message=message, finished_at=now))
+
+
+def do_finish_reboots_after_hello(node_id, now=None):
+    """The node's unfinished reboots, done if it has said hello with a new boot id since
+    they were asked. Returns how many finished."""
+    now = now or timezone.now()
+    node = Node.objects.get(pk=node_id)
+    finished = 0
+    for command in AgentCommand.objects.unfinished().filter(node=node):
+        if _rebooted_since(command, node):
+            finished += _finish(command, AgentCommand.Status.OK, "the node rebooted", now)
+    return finished
+
+
+def do_record_command_result(node, *, command_id, status, message="", now=None):
+    """An agent's command_result. Returns the command, or None when the node has no such
+    command. `accepted` moves a command not yet answered to accepted; `ok` and `failed`
+    finish an unfinished one. An answer to a finished command changes nothing (a late
+    answer after its deadline, an `accepted` after the node came back rebooted)."""
+    now = now or timezone.now()
+    command = AgentCommand.objects.filter(pk=command_id, node=node).first()
+    if command is None:
+        return None
+    if status == AgentCommand.Status.ACCEPTED:
+        AgentCommand.objects.filter(pk=command.pk, status__in=AgentCommand.UNANSWERED).update(
+            status=AgentCommand.Status.ACCEPTED, message=message)
+    else:
+        _finish(command, status, message, now)
+    command.refresh_from_db()
+    return command
+
+
+def expire_commands(now=None):
+    """Commands past their deadline time out; a reboot whose node came back with a new boot
+    id (a hello whose commands were not looked at) is done instead. Returns how many
+    timed out."""
+    now = now or timezone.now()
+    expired = 0
+    due = AgentCommand.objects.unfinished().filter(deadline_at__lte=now).select_related("node")
+    for command in due:
+        if _rebooted_since(command, command.node):
+            _finish(command, AgentCommand.Status.OK, "the node rebooted", now)
+        else:
+            expired += _finish(command, AgentCommand.Status.TIMED_OUT, _why_late(command), now)
+    return expired
+
+
+def _why_late(command):
+    if command.status == AgentCommand.Status.QUEUED:
+        return "not sent in time: the node's agent was not connected"
+    if command.status == AgentCommand.Status.SENT:
+        return "no answer in time from the node's agent"
+    if command.action == AgentCommand.Action.REBOOT:
+        return "the node did not come back with a new boot id in time"
+    return "accepted, but not finished in time"

@@ -1,6 +1,6 @@
 from celery import shared_task
 
-from . import heartbeats, rollups, states
+from . import heartbeats, rollups, services, states
 
 
 @shared_task
@@ -19,3 +19,10 @@ def sweep_heartbeats():
 def prune_rollups():
     """Beat, hourly: drop per-minute rollups older than the retention."""
     return rollups.prune_rollups()
+
+
+@shared_task
+def expire_commands():
+    """Beat, every 30 s: agent commands past their deadline time out (a reboot whose node
+    came back with a new boot id is done)."""
+    return services.expire_commands()
