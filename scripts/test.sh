@@ -3,7 +3,7 @@
 #
 #   PY=.venv/bin/python scripts/test.sh [pytest args]     (what `make test` runs)
 #
-# Installs what is missing from Debian (postgresql, redis-server, chromium), starts a
+# Installs what is missing from Debian (postgresql, redis-server, chromium, Slurm), starts a
 # private PostgreSQL and Redis on free loopback ports in a temporary directory
 # (scripts/services.sh), runs collectstatic and pytest in production mode, and removes
 # everything again on exit (also when the tests fail or on Ctrl-C). Exits with pytest's status.
@@ -22,6 +22,13 @@ fi
 missing=()
 services_missing_packages
 [ -x /usr/bin/chromium ] || missing+=(chromium fonts-liberation)  # readable screenshots
+# A real Slurm cluster with accounting for the Slurm tests (tests/slurm.py starts it).
+for program in munged slurmctld slurmd scontrol slurmdbd mariadbd; do
+    if ! command -v "$program" >/dev/null && [ ! -x "/usr/sbin/$program" ]; then
+        missing+=(munge slurmctld slurmd slurm-client slurmdbd mariadb-server)
+        break
+    fi
+done
 if [ ${#missing[@]} -gt 0 ]; then
     log "installing missing Debian packages: ${missing[*]}"
     as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q

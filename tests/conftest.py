@@ -5,12 +5,17 @@ A browser test asks for `page` (and `console` for what the page logged). `page` 
 `transactional_db`: the test's rows are committed, so the daphne subprocess sees them, and
 the tables are flushed after the test. Both need PostgreSQL, i.e. `make test`.
 
+A Slurm test asks for `slurm` (tests/slurm.py's SlurmCluster, with accounting, started once
+per session): it is left with no jobs and every node resumed after each test.
+
 An integration test asks for `processes` (tests/integration.py's ProcessGroup): what it
 starts there is stopped at the end of the test, before the tables are flushed, also when the
 test failed; the logs stay under test-artifacts/<module>/<test>/ and are printed on failure.
 """
 
 import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +30,7 @@ from .browser import (
     subprocess_env,
 )
 from .integration import ProcessGroup
+from .slurm import DEBIAN_PACKAGES, SlurmCluster, missing_requirements
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -146,3 +152,35 @@ def processes(transactional_db, request):
                      for when in ("setup", "call"))
         if failed:
             group.report()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real Slurm cluster for the session: munged, MariaDB, slurmdbd, slurmctld and the
+    slurmds of gpu-001..gpu-004 (8 GPUs each). Its logs end up in test-artifacts/slurm/."""
+    missing = missing_requirements()
+    if missing:
+        pytest.skip(f"needs a real Slurm cluster, and this machine lacks {missing}: run it "
+                    f"with `make test` (scripts/test.sh installs {DEBIAN_PACKAGES})")
+    # In /tmp, not pytest's tmp_path: job users must reach the configuration and munged.
+    directory = Path(tempfile.mkdtemp(prefix="clusterui-slurm.", dir="/tmp"))
+    cluster = SlurmCluster(directory, accounting=True)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+        cluster.keep_logs(ARTIFACTS / "slurm")
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def slurm(slurm_cluster, request):
+    """The session's Slurm cluster; after the test no job is left and every node is back
+    in service. A failed test prints the end of the daemons' logs."""
+    yield slurm_cluster
+    failed = any(getattr(request.node, f"rep_{when}", None) is not None
+                 and getattr(request.node, f"rep_{when}").failed
+                 for when in ("setup", "call"))
+    if failed:
+        print(f"Slurm logs (tail):\n{slurm_cluster.log_tails()}")
+    slurm_cluster.reset()
