@@ -1,0 +1,224 @@
+"""The Slurm scheduler: drain, resume and read a node, list and requeue its jobs, through
+scontrol and squeue with a time limit on every call.
+
+    scheduler = SlurmScheduler(slurm_conf="/etc/slurm/slurm.conf", timeout_s=15)
+    scheduler.drain("gpu-001", "clusterui repair #12")
+    scheduler.node("gpu-001")          # SchedulerNode(state="MIXED+DRAIN", drained=True, ...)
+    scheduler.running_jobs("gpu-001")  # [Job(id="41", user="alice", gpus=2, ...)]
+    scheduler.requeue(["41"])
+    scheduler.resume("gpu-001")
+
+Drain and resume change node state, which Slurm allows root (or SlurmUser) only; the
+read-only calls work as any user. Commands run with SLURM_CONF=slurm_conf when given.
+"""
+
+import os
+import re
+import subprocess
+import time
+
+from . import ExecutorError, Job, SchedulerNode
+
+DEFAULT_TIMEOUT_S = 15
+# How often requeue() looks whether the jobs it requeued have left COMPLETING.
+REQUEUE_POLL_S = 0.2
+
+# A key of `scontrol show node -o`: a word followed by "=" at the start or after a space.
+_NODE_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
+# Slurm appends who set a reason and when: "disk full [root@2025-01-31T10:00:00]".
+_REASON_SUFFIX = re.compile(r"\s*\[[^\[\]]*@[^\[\]]*\]$")
+# squeue -O fields with "|" as their suffix and no width: printed whole, unpadded. The
+# job name comes last because it may itself hold "|".
+_SQUEUE_JOB_FORMAT = "JobID:|,UserName:|,TimeUsed:|,tres-alloc:|,Name:|"
+# Job states from which `scontrol requeue` puts a job back to pending.
+_REQUEUEABLE = {"RUNNING", "SUSPENDED"}
+
+
+def parse_node_line(line):
+    """The fields of one `scontrol show node <name> -o` line as {key: value}.
+
+    A value runs to the next key, so values with spaces (OS=Linux 6.1 #1 SMP) stay whole.
+    Reason comes last and is free text (it may hold "x=y"), so everything after
+    " Reason=" is the reason, with Slurm's "[user@time]" suffix removed.
+    """
+    line = line.strip()
+    head, found, reason = line.partition(" Reason=")
+    matches = list(_NODE_KEY.finditer(head))
+    fields = {}
+    for i, match in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(head)
+        fields[match.group(1)] = head[match.end():end].strip()
+    if found:
+        fields["Reason"] = _REASON_SUFFIX.sub("", reason.strip())
+    return fields
+
+
+def node_from_fields(fields):
+    """A SchedulerNode from parse_node_line()'s fields. State is Slurm's, e.g. "IDLE",
+    "MIXED+DRAIN", "IDLE+NOT_RESPONDING"; drained means the DRAIN flag is set."""
+    state = fields.get("State", "")
+    flags = state.split("+")
+    return SchedulerNode(state=state, drained="DRAIN" in flags, reason=fields.get("Reason", ""))
+
+
+def parse_run_time(text):
+    """squeue's TimeUsed ("5:02", "1:05:02", "2-01:05:02") in seconds; None if not that."""
+    days, _, clock = text.strip().rpartition("-")
+    parts = clock.split(":")
+    try:
+        numbers = [int(p) for p in parts]
+        total_days = int(days) if days else 0
+    except ValueError:
+        return None
+    if not 1 <= len(numbers) <= 3:
+        return None
+    seconds = 0
+    for number in numbers:
+        seconds = seconds * 60 + number
+    return total_days * 86400 + seconds
+
+
+def gpus_from_tres(tres):
+    """The GPUs in a TRES list ("cpu=1,node=1,gres/gpu=2", typed ones "gres/gpu:h100=2"
+    counted too); 0 when it names none."""
+    untyped = 0
+    typed = 0
+    for item in tres.split(","):
+        key, _, value = item.partition("=")
+        if not value.isdigit():
+            continue
+        if key == "gres/gpu":
+            untyped += int(value)
+        elif key.startswith("gres/gpu:"):
+            typed += int(value)
+    # Slurm lists a typed count beside the untyped total; the total covers the typed.
+    return untyped or typed
+
+
+def parse_squeue_jobs(output):
+    """Jobs from squeue output in _SQUEUE_JOB_FORMAT, one per line. GPUs are the whole
+    job's (tres-alloc), across all its nodes."""
+    jobs = []
+    for line in output.splitlines():
+        if not line.strip():
+            continue
+        job_id, user, run_time, tres, name = line.split("|", 4)
+        jobs.append(Job(
+            id=job_id.strip(),
+            user=user.strip(),
+            name=name.removesuffix("|"),
+            gpus=gpus_from_tres(tres.strip()),
+            run_time_s=parse_run_time(run_time),
+        ))
+    return jobs
+
+
+class SlurmScheduler:
+    """A cluster run by Slurm, driven through its command-line tools on this machine."""
+
+    name = "slurm"
+
+    def __init__(self, slurm_conf=None, timeout_s=DEFAULT_TIMEOUT_S):
+        self.slurm_conf = slurm_conf
+        self.timeout_s = timeout_s
+
+    def _run(self, *argv):
+        """Run a Slurm command; its stdout. ExecutorError naming the command, its exit
+        status and the end of its stderr on failure or after timeout_s."""
+        env = dict(os.environ)
+        if self.slurm_conf:
+            env["SLURM_CONF"] = str(self.slurm_conf)
+        command = " ".join(argv)
+        try:
+            result = subprocess.run(list(argv), env=env, capture_output=True, text=True,
+                                    timeout=self.timeout_s, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as exc:
+            raise ExecutorError(f"{command}: no answer within {self.timeout_s:g} s") from exc
+        except OSError as exc:
+            raise ExecutorError(f"{command}: cannot run: {exc}") from exc
+        if result.returncode != 0:
+            tail = (result.stderr.strip() or result.stdout.strip())[-500:]
+            raise ExecutorError(f"{command} exited with status {result.returncode}: {tail}")
+        return result.stdout
+
+    def node(self, node_name):
+        line = self._run("scontrol", "show", "node", node_name, "-o")
+        return node_from_fields(parse_node_line(line))
+
+    def drain(self, node_name, reason):
+        """Drain the node; running jobs go on, no new ones start. Already drained with
+        this reason: nothing to do. Drained for another reason: the reason is replaced."""
+        current = self.node(node_name)
+        if current.drained and current.reason == reason:
+            return f"{node_name} already drained: {reason}"
+        self._run("scontrol", "update", f"nodename={node_name}", "state=drain",
+                  f"reason={reason}")
+        return f"drained {node_name}: {reason}"
+
+    def resume(self, node_name):
+        """Return the node to service (clears a drain or a down). A node that is neither:
+        nothing to do (scontrol would refuse it as an invalid state)."""
+        current = self.node(node_name)
+        flags = current.state.split("+")
+        if not current.drained and "DOWN" not in flags and "FAIL" not in flags:
+            return f"{node_name} already in service ({current.state})"
+        self._run("scontrol", "update", f"nodename={node_name}", "state=resume")
+        return f"resumed {node_name} (was {current.state})"
+
+    def running_jobs(self, node_name):
+        output = self._run("squeue", "-h", "-w", node_name, "-t", "RUNNING",
+                           "-O", _SQUEUE_JOB_FORMAT)
+        return parse_squeue_jobs(output)
+
+    def _job_states(self, job_ids):
+        """{job id: state} of those of job_ids that slurmctld still knows."""
+        try:
+            output = self._run("squeue", "-h", "-t", "all", "-j", ",".join(job_ids),
+                               "-o", "%i|%T")
+        except ExecutorError as exc:
+            # With none of the ids known any more squeue fails rather than print nothing.
+            if "Invalid job id" in str(exc):
+                return {}
+            raise
+        states = {}
+        for line in output.splitlines():
+            job_id, _, state = line.partition("|")
+            if job_id.strip():
+                states[job_id.strip()] = state.strip()
+        return states
+
+    def requeue(self, job_ids):
+        """Put the running jobs among job_ids back to pending, and let them start again at
+        once rather than after Slurm's requeue delay (about 121 s).
+
+        Jobs that already left RUNNING (requeued before, finished, gone) are not requeued
+        again: a finished batch job would otherwise run a second time. A job that was
+        requeued and already runs again elsewhere is RUNNING, so pass the ids that
+        running_jobs(node) lists now, not a list kept from before. Only batch jobs can be
+        requeued; an interactive one (srun) fails with Slurm's message.
+        """
+        job_ids = [str(job_id) for job_id in job_ids]
+        if not job_ids:
+            return "no jobs to requeue"
+        states = self._job_states(job_ids)
+        running = [job_id for job_id in job_ids if states.get(job_id) in _REQUEUEABLE]
+        if running:
+            self._run("scontrol", "requeue", ",".join(running))
+        # A requeued job is COMPLETING until its processes are gone; Slurm sets its start
+        # delay when that ends, so StartTime=now only sticks after it.
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            states = self._job_states(job_ids)
+            if not any(states.get(job_id) == "COMPLETING" for job_id in job_ids):
+                break
+            if time.monotonic() > deadline:
+                still = [j for j in job_ids if states.get(j) == "COMPLETING"]
+                raise ExecutorError(
+                    f"scontrol requeue {','.join(running)}: jobs {','.join(still)} still "
+                    f"completing after {self.timeout_s:g} s; run again to start them now")
+            time.sleep(REQUEUE_POLL_S)
+        pending = [job_id for job_id in job_ids if states.get(job_id) == "PENDING"]
+        if pending:
+            self._run("scontrol", "update", f"jobid={','.join(pending)}", "StartTime=now")
+        return (f"requeued {','.join(running) or 'none'}; "
+                f"pending to start now: {','.join(pending) or 'none'}")
