@@ -21,7 +21,7 @@ from nodes.services import do_pause_node
 from nodes.states import refresh_node_state
 
 from .choices import Action, Status, StepKind, StepStatus
-from .executors import ExecutorError, NoScheduler
+from .executors import ExecutorError, NoScheduler, RetryLater
 from .live import announce_repair_change
 from .models import Repair, RepairSettings, RepairStep
 from .services import enqueue_step, settings_for
@@ -29,6 +29,8 @@ from .transitions import transition
 
 RECHECK = timedelta(seconds=5)
 JOBS_RECHECK = timedelta(seconds=15)
+RETRY_LATER = timedelta(seconds=30)
+PROVIDER_TIMEOUT_S = 600
 OUTPUT_LIMIT = 16 * 1024
 
 
@@ -76,7 +78,10 @@ def provider_for(cluster):
         return SimulatedProvider(reboot_node=lambda name: send_reboot(cluster.nodes.get(name=name)))
     from .executors.providers import CommandProvider
 
-    return CommandProvider(settings.provider_commands, cluster=cluster.slug)
+    hostnames = dict(cluster.nodes.values_list("name", "hostname"))
+    return CommandProvider(settings.provider_commands, timeout_s=PROVIDER_TIMEOUT_S,
+                           cluster=cluster.slug,
+                           hostname_of=lambda name: hostnames.get(name) or name)
 
 
 def send_reboot(node):
@@ -117,6 +122,12 @@ def act(repair, step, now):
         return act_reboot(repair, step)
     if "provider_done" in step.details:
         return Done(f"{repair.action} done by the provider")
+    if "provider_started" in step.details:
+        # The worker stopped while the provider ran: whether it acted is unknown, and a
+        # reprovision or removal must not run twice on a guess.
+        return Failed(f"the provider's {repair.action} was interrupted (its worker stopped); "
+                      f"check the node, then propose the repair again")
+    set_details(step, provider_started=now.isoformat())
     output = provider_for(repair.cluster).run(repair.action, repair.node.name)
     set_details(step, provider_done=now.isoformat())
     if repair.action == Action.REMOVE:
@@ -233,6 +244,8 @@ def run_step(step_id, now=None):
     repair = step.repair
     try:
         outcome = STEP_FUNCTIONS[step.kind](repair, step, now)
+    except RetryLater as exc:
+        outcome = Wait(str(exc), RETRY_LATER)
     except ExecutorError as exc:
         outcome = Failed(str(exc))
     record_outcome(step, outcome, timezone.now())

@@ -23,6 +23,11 @@ class ExecutorError(Exception):
     """A scheduler or provider call failed; str() says what and why."""
 
 
+class RetryLater(ExecutorError):
+    """Not possible yet, but not a failure (a disruption budget allows no eviction now): the
+    step tries again on its schedule."""
+
+
 @dataclass(frozen=True)
 class Job:
     """A job (Slurm) or workload pod (Kubernetes) running on a node: what a repair hits."""

@@ -2,8 +2,8 @@
 
 drain:   cordon (spec.unschedulable, and the reason in the clusterui.io/drain-reason
          annotation), then evict the node's workload pods through the Eviction API, so
-         PodDisruptionBudgets are honoured. A budget that refuses (429) fails the step with
-         the pod and the budget's words; the caller retries it on schedule.
+         PodDisruptionBudgets are honoured. A budget that refuses (429) raises RetryLater with
+         the pod and the budget's words; the step tries again on its schedule.
 resume:  uncordon and remove the annotation.
 node:    kubectl's status ("Ready", "NotReady,SchedulingDisabled"); drained once the node
          is cordoned and no workload pod is left on it, terminating ones included.
@@ -28,7 +28,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from . import ExecutorError, Job, SchedulerNode
+from . import ExecutorError, Job, RetryLater, SchedulerNode
 
 DRAIN_REASON_ANNOTATION = "clusterui.io/drain-reason"
 USER_LABEL = "clusterui.io/user"
@@ -97,7 +97,7 @@ class KubernetesScheduler:
                 else:
                     refusals.append(message)
         if refusals:
-            raise ExecutorError(
+            raise RetryLater(
                 "cannot evict yet (the drain is retried on schedule): "
                 + "; ".join(refusals)
                 + "\n"
