@@ -14,6 +14,7 @@ import time
 from agent import __version__, host, protocol
 from agent.backends import BackendUnavailable
 from agent.client import AgentClient
+from agent.commands import RebootCommand, SimulatedReboot
 from agent.config import ConfigError, build_config, read_config_file
 from agent.detectors import close_watchers, make_watchers
 from agent.node_metrics import NodeMetrics
@@ -56,6 +57,11 @@ def make_parser():
         help="the kernel log read for Xid lines (default /dev/kmsg)",
     )
     parser.add_argument(
+        "--reboot-command",
+        metavar="CMD",
+        help="run for the server's reboot command (default: systemctl reboot)",
+    )
+    parser.add_argument(
         "--simulate",
         action="store_true",
         default=None,
@@ -67,6 +73,12 @@ def make_parser():
         action="append",
         metavar="SPEC",
         help="simulated faults, e.g. xid:79@30s,thermal@60s+30s:gpu2,gpu_lost@90s",
+    )
+    parser.add_argument(
+        "--simulated-boot",
+        type=float,
+        metavar="SECONDS",
+        help="with --simulate: how long a reboot keeps the node down (default 5)",
     )
     parser.add_argument(
         "--print-once",
@@ -131,6 +143,14 @@ def make_check_runner(config, backend):
     return CheckRunner(backend, config.state_dir)
 
 
+def make_command_handler(config, backend):
+    """Carries out the server's commands: a reboot runs the configured reboot command, or
+    on --simulate reboots the simulated node."""
+    if config.simulate:
+        return SimulatedReboot(backend, config.state_dir, boot_s=config.simulated_boot_s)
+    return RebootCommand(config.reboot_command)
+
+
 def print_once(config, backend, boot_id):
     node_metrics = NodeMetrics()
     backend.wait_ready(timeout_s=2.0)
@@ -176,6 +196,7 @@ def run_agent(config, backend, boot_id):
         outbox=outbox,
         watchers=watchers,
         check_runner=make_check_runner(config, backend),
+        command_handler=make_command_handler(config, backend),
         sample_interval_s=config.sample_interval_s,
     )
     log.info(

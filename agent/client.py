@@ -9,6 +9,8 @@ Two loops run side by side:
   still in the outbox, then handles the server's frames until the connection ends, and
   reconnects after a backoff with full jitter (1 s doubling up to 30 s, back to the
   start after a connection that lasted).
+
+Checks (`run_check`) and commands (`command`) run in tasks of their own beside them.
 """
 
 import asyncio
@@ -21,6 +23,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
 from agent import __version__, host, protocol
+from agent.commands import CommandFailed
 from agent.config import MAX_SAMPLE_INTERVAL_S, MIN_SAMPLE_INTERVAL_S
 from agent.node_token import save_node_token
 
@@ -60,6 +63,7 @@ class AgentClient:
         outbox,
         watchers=(),
         check_runner=None,
+        command_handler=None,
         sample_interval_s=1.0,
         backoff_base_s=BACKOFF_BASE_S,
         backoff_cap_s=BACKOFF_CAP_S,
@@ -81,7 +85,12 @@ class AgentClient:
         self._watchers = list(watchers)
         self._check_runner = check_runner
         self._check_tasks = {}  # run_id -> the task running it
-        self._unsent_results = []  # check_result frames that finished while disconnected
+        # check_result and command_result frames that came while disconnected
+        self._unsent_results = []
+        self._command_handler = command_handler
+        self._command_tasks = {}  # command id -> the task carrying it out
+        self._command_answers = {}  # command id -> the latest command_result sent for it
+        self._back_at = None  # a simulated reboot: time.monotonic() when the node is up again
         self._backoff_base_s = backoff_base_s
         self._backoff_cap_s = backoff_cap_s
         self._stable_connection_s = stable_connection_s
@@ -97,7 +106,7 @@ class AgentClient:
         try:
             await self._connect_forever()
         finally:
-            for task in [collector, *self._check_tasks.values()]:
+            for task in [collector, *self._check_tasks.values(), *self._command_tasks.values()]:
                 task.cancel()
                 try:
                     await task
@@ -170,8 +179,14 @@ class AgentClient:
     async def _connect_forever(self):
         attempt = 0
         while True:
+            if self._back_at is not None:  # a simulated reboot: down for the boot, then at once
+                await asyncio.sleep(max(0.0, self._back_at - time.monotonic()))
+                self._back_at = None
+                attempt = 0
             self._welcomed_at = None
             await self._connect_once()
+            if self._back_at is not None:
+                continue
             if (
                 self._welcomed_at is not None
                 and time.monotonic() - self._welcomed_at >= self._stable_connection_s
@@ -336,7 +351,7 @@ class AgentClient:
         elif kind == "error":
             self._on_error(frame)
         elif kind == "command":
-            await self._refuse_command(ws, frame)
+            await self._on_command(ws, frame)
         elif kind == "run_check":
             await self._start_check(ws, frame)
         else:
@@ -377,21 +392,73 @@ class AgentClient:
                     event.get("signature") if event else "?",
                 )
 
-    async def _refuse_command(self, ws, frame):
+    async def _on_command(self, ws, frame):
+        """`failed` for an action this agent does not carry out; else `accepted` at once, and
+        the command handler carries it out in the background (`failed` if it cannot). An id
+        already handled gets its latest answer again and nothing is done twice: the server
+        sends a command again when the answer did not reach it."""
         command_id = frame.get("id")
         action = frame.get("action")
-        if command_id is None:
-            log.warning("ignoring a command without an id: %r", frame)
+        params = frame.get("params")
+        if isinstance(command_id, bool) or not isinstance(command_id, int):
+            log.warning("ignoring a command without an integer id: %.200r", frame)
             return
-        log.warning("command %s (%s) is not supported by this agent version", command_id, action)
-        await self._send(
-            ws,
-            protocol.command_result_frame(
-                command_id=command_id,
-                status="failed",
-                message=f"action {action} is not supported by this agent version",
-            ),
-        )
+        if command_id in self._command_answers:
+            log.info("command %s (%s) was handled already; answered as before", command_id,
+                     action)
+            await self._send(ws, self._command_answers[command_id])
+            return
+        handler = self._command_handler
+        if handler is None or action not in handler.actions:
+            log.warning("command %s: action %r is not supported", command_id, action)
+            await self._send(ws, self._command_result(
+                command_id, "failed", f"action {action} is not supported by this agent version"))
+            return
+        log.info("command %s: %s accepted", command_id, action)
+        await self._send(ws, self._command_result(command_id, "accepted"))
+        if not isinstance(params, dict):
+            params = {}
+        self._command_tasks[command_id] = asyncio.create_task(
+            self._run_command(command_id, action, params), name=f"command-{command_id}")
+
+    async def _run_command(self, command_id, action, params):
+        try:
+            await self._command_handler.run(action, params, self)
+            return
+        except asyncio.CancelledError:
+            raise
+        except CommandFailed as exc:
+            message = str(exc)
+        except Exception as exc:  # a bug in a handler must not end the agent
+            log.exception("command %s (%s) failed to run", command_id, action)
+            message = f"the agent failed to run it: {exc}"
+        finally:
+            self._command_tasks.pop(command_id, None)
+        log.error("command %s (%s) failed: %s", command_id, action, message)
+        frame = self._command_result(command_id, "failed", message)
+        ws = self._ws
+        if ws is None:
+            self._unsent_results.append(frame)
+        else:
+            await self._send(ws, frame)
+
+    def _command_result(self, command_id, status, message=""):
+        frame = protocol.command_result_frame(command_id=command_id, status=status,
+                                              message=message)
+        self._command_answers[command_id] = frame
+        return frame
+
+    async def reboot_into(self, boot_id, down_s):
+        """A simulated reboot (agent.commands.SimulatedReboot): the connection closes as a
+        rebooting node's does, the checks running die with the node, and `down_s` later
+        the agent says hello again with `boot_id`."""
+        self.boot_id = boot_id
+        self._back_at = time.monotonic() + down_s
+        for task in list(self._check_tasks.values()):
+            task.cancel()
+        ws = self._ws
+        if ws is not None:
+            await ws.close(1001, "rebooting")
 
     async def _start_check(self, ws, frame):
         """Start a requested check in the background; its check_result goes out when it

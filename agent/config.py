@@ -9,13 +9,16 @@ The TOML file holds the same keys as the long options, with underscores:
     sample_interval = 1.0
     throttle_hold = 10.0
     kmsg = "/dev/kmsg"
+    reboot_command = "systemctl reboot"
 """
 
 import re
+import shlex
 import tomllib
 from dataclasses import dataclass, field
 
 from agent import host
+from agent.commands import DEFAULT_REBOOT_COMMAND, DEFAULT_SIMULATED_BOOT_S
 from agent.detectors.kernel_log import KMSG_PATH
 from agent.detectors.throttle import THROTTLE_HOLD_S
 from agent.inject import Fault, InjectSpecError, check_gpu_indexes, parse_inject
@@ -26,6 +29,7 @@ DEFAULT_SIMULATED_GPUS = 8
 MIN_SAMPLE_INTERVAL_S = 0.05
 MAX_SAMPLE_INTERVAL_S = 3600.0
 MAX_THROTTLE_HOLD_S = 3600.0
+MAX_SIMULATED_BOOT_S = 600.0
 
 NODE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,63}")  # PROTOCOL.md, hello.node
 
@@ -38,6 +42,8 @@ FILE_KEYS = {
     "sample_interval": ((int, float), "a number"),
     "throttle_hold": ((int, float), "a number"),
     "kmsg": ((str,), "a string"),
+    "reboot_command": ((str,), "a string"),
+    "simulated_boot": ((int, float), "a number"),
     "simulate": ((bool,), "true or false"),
     "gpus": ((int,), "an integer"),
     "inject": ((str, list), "a string or a list of strings"),
@@ -58,6 +64,8 @@ class Config:
     sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S
     throttle_hold_s: float = THROTTLE_HOLD_S  # how long throttling holds before an event
     kmsg_path: str = KMSG_PATH  # the kernel log the Xid watcher reads (NVML backend)
+    reboot_command: str = DEFAULT_REBOOT_COMMAND  # run for the server's `reboot` (NVML backend)
+    simulated_boot_s: float = DEFAULT_SIMULATED_BOOT_S  # how long a simulated node is down
     simulate: bool = False
     gpus: int = DEFAULT_SIMULATED_GPUS
     inject: list[Fault] = field(default_factory=list)
@@ -98,6 +106,8 @@ def build_config(options, file_values=None):
         sample_interval_s=float(values.get("sample_interval", DEFAULT_SAMPLE_INTERVAL_S)),
         throttle_hold_s=float(values.get("throttle_hold", THROTTLE_HOLD_S)),
         kmsg_path=values.get("kmsg", KMSG_PATH),
+        reboot_command=values.get("reboot_command", DEFAULT_REBOOT_COMMAND),
+        simulated_boot_s=float(values.get("simulated_boot", DEFAULT_SIMULATED_BOOT_S)),
         simulate=bool(values.get("simulate", False)),
         gpus=values.get("gpus", DEFAULT_SIMULATED_GPUS),
         print_once=bool(values.get("print_once", False)),
@@ -125,6 +135,20 @@ def build_config(options, file_values=None):
         if not config.server.startswith(("ws://", "wss://")):
             raise ConfigError(f"server {config.server!r} must start with ws:// or wss://")
 
+    try:
+        reboot_argv = shlex.split(config.reboot_command)
+    except ValueError as exc:
+        raise ConfigError(f"reboot command {config.reboot_command!r}: {exc}") from exc
+    if not reboot_argv:
+        raise ConfigError("the reboot command is empty")
+    if "reboot_command" in values and config.simulate:
+        raise ConfigError("--reboot-command does not apply with --simulate (the node reboots "
+                          "in simulation)")
+    if "simulated_boot" in values and not config.simulate:
+        raise ConfigError("--simulated-boot only applies with --simulate")
+    if not 0 <= config.simulated_boot_s <= MAX_SIMULATED_BOOT_S:
+        raise ConfigError(f"--simulated-boot {config.simulated_boot_s:g} s: 0 to "
+                          f"{MAX_SIMULATED_BOOT_S:g} s")
     if "gpus" in values and not config.simulate:
         raise ConfigError("--gpus only applies with --simulate (real GPUs are counted)")
     if not 1 <= config.gpus <= 64:

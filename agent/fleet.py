@@ -4,7 +4,7 @@ Each node is a full AgentClient (hello, samples, durable events, tokens, backoff
 simulated backend, with its own state dir under --state-dir:
 
     <state-dir>/<node>/node_token          the node's token (a join token is used without)
-    <state-dir>/<node>/simulated_boot_id   its boot id (delete it to simulate a reboot)
+    <state-dir>/<node>/simulated_boot_id   its boot id (new at each reboot the server asks)
     <state-dir>/<node>/inject              optional: --inject specs, one per line
     <state-dir>/<node>/outbox.sqlite3      its unacked events
 
@@ -26,6 +26,7 @@ from agent import host
 from agent.backends.simulated import SimulatedBackend
 from agent.checks.simulated import SimulatedCheckRunner
 from agent.client import AgentClient
+from agent.commands import DEFAULT_SIMULATED_BOOT_S, SimulatedReboot
 from agent.config import Config
 from agent.detectors import make_watchers
 from agent.inject import InjectSpecError, check_gpu_indexes, parse_inject
@@ -86,6 +87,7 @@ def build_client(name, args):
         node_metrics=SimulatedNodeMetrics(backend, phase=zlib.crc32(name.encode()) % 360),
         outbox=outbox, watchers=make_watchers(Config(node_name=name), backend),
         check_runner=SimulatedCheckRunner(backend, state_dir),
+        command_handler=SimulatedReboot(backend, state_dir, boot_s=args.simulated_boot),
         sample_interval_s=args.sample_interval,
     )
     return client, outbox
@@ -120,6 +122,8 @@ def main(argv=None):
     parser.add_argument("--token", help="a join token, for nodes without a node token")
     parser.add_argument("--gpus", type=int, default=8, help="simulated GPUs per node")
     parser.add_argument("--sample-interval", type=float, default=1.0, metavar="SECONDS")
+    parser.add_argument("--simulated-boot", type=float, default=DEFAULT_SIMULATED_BOOT_S,
+                        metavar="SECONDS", help="how long a node the server reboots stays down")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,

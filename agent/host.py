@@ -32,8 +32,9 @@ def boot_id():
 
 def simulated_boot_id(state_dir):
     """A boot id for a simulated node: kept in the state dir, so an agent restart is not
-    a reboot (delete the file to simulate one). Where the state dir cannot be written
-    (say --print-once as a normal user), a new id for this process only."""
+    a reboot (delete the file, or have the server reboot the node, to simulate one). Where
+    the state dir cannot be written (say --print-once as a normal user), a new id for this
+    process only."""
     path = os.path.join(state_dir, SIMULATED_BOOT_ID_FILE)
     try:
         with open(path) as f:
@@ -42,11 +43,18 @@ def simulated_boot_id(state_dir):
             return stored
     except OSError:
         pass
+    return new_simulated_boot_id(state_dir)
+
+
+def new_simulated_boot_id(state_dir):
+    """A new boot id for a simulated node, kept in the state dir: the node rebooted."""
+    path = os.path.join(state_dir, SIMULATED_BOOT_ID_FILE)
     new_id = str(uuid.uuid4())
     try:
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
-        with open(path, "w") as f:
+        with open(path + ".new", "w") as f:
             f.write(new_id + "\n")
+        os.replace(path + ".new", path)
     except OSError as exc:
         log.debug("cannot keep the simulated boot id in %s: %s", path, exc)
     return new_id

@@ -116,6 +116,16 @@ class SimulatedBackend:
     def wait_ready(self, timeout_s):
         pass
 
+    def reboot(self):
+        """As after a real reboot: the injected faults are gone (a lost GPU is back, the
+        volatile ECC counts and a thermal slowdown reset), and the trace starts over."""
+        self._faults = []
+        self._fired = set()
+        self._lost = set()
+        self._new_dbe = [0] * len(self._gpus)
+        self._events = []
+        self._start = self._clock()
+
     def close(self):
         pass
 
