@@ -176,8 +176,10 @@ def do_accept_gpu_inventory(node, *, actor, request=None, now=None):
 @transaction.atomic
 def do_pause_node(node, *, actor, reason, request=None, now=None):
     now = now or timezone.now()
+    # A person's pause says who; the system's (a repair) says why on its own.
+    text = f"paused by {actor.get_username()}: {reason}" if actor is not None else reason
     updated = Node.objects.filter(pk=node.pk, paused=False).update(
-        paused=True, paused_reason=f"paused by {actor.get_username()}: {reason}"[:255]
+        paused=True, paused_reason=text[:255]
     )
     if updated:
         record_audit(actor, "node.pause", node, changes={"reason": reason},

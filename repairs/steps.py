@@ -17,7 +17,7 @@ from django.utils import timezone
 from healthchecks.checks import AFTER_REBOOT_CHECKS
 from healthchecks.models import CheckRun
 from healthchecks.services import do_request_checks
-from nodes.services import do_pause_node
+from nodes.services import do_accept_gpu_inventory, do_pause_node
 from nodes.states import refresh_node_state
 
 from .choices import Action, Status, StepKind, StepStatus
@@ -168,7 +168,7 @@ def wait_for_node(repair, step, now):
 def verify(repair, step, now):
     node = repair.node
     node.refresh_from_db()
-    runs = CheckRun.objects.filter(pk__in=step.details.get("runs", []))
+    runs = CheckRun.objects.filter(pk__in=step.details.get("runs", [])).order_by("pk")
     if not runs.exists():
         existing = CheckRun.objects.filter(node=node, purpose=CheckRun.Purpose.AFTER_REBOOT,
                                            boot_id=node.boot_id, check_name__in=AFTER_REBOOT_CHECKS)
@@ -187,10 +187,8 @@ def verify(repair, step, now):
     if failed:
         return Failed("; ".join(f"{run.check_name} {run.get_status_display()}: {run.message}"
                                 for run in failed))
-    from nodes.inventory import do_accept_gpu_inventory
-
-    if node.hello_gpus is not None:
-        do_accept_gpu_inventory(node, actor=None)
+    # A replaced GPU joins the inventory here (DESIGN.md: the verify step accepts it).
+    do_accept_gpu_inventory(node, actor=None)
     return Done(f"passed {', '.join(run.check_name for run in runs)}")
 
 

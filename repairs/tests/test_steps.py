@@ -1,0 +1,182 @@
+"""The step engine, step by step, called directly (the Celery wrapper holds no logic):
+drain -> act -> wait for the node -> verify -> resume, waiting without sleeping, failing
+with a reason, and running a step twice without doing anything twice."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from healthchecks.models import CheckRun, HealthEvent
+from healthchecks.services import do_record_check_result, do_record_health_event
+from nodes.choices import NodeState
+from nodes.services import do_record_hello, do_register_node
+from repairs import steps
+from repairs.choices import Status, StepStatus
+from repairs.models import RepairSettings
+from repairs.services import do_approve_repair, do_propose_repair, refresh_recommendation
+
+pytestmark = pytest.mark.django_db
+
+GPUS = [{"index": i, "uuid": f"GPU-{i:04d}", "name": "NVIDIA H200",
+         "pci_bus_id": f"00000000:{i + 6:02X}:00.0", "memory_total_bytes": 150754820096}
+        for i in range(8)]
+
+
+@pytest.fixture
+def enqueued(monkeypatch):
+    """Step ids enqueued (on commit), in order, instead of Celery."""
+    ids = []
+    monkeypatch.setattr("repairs.services.enqueue_step", ids.append)
+    monkeypatch.setattr("repairs.steps.enqueue_step", ids.append)
+    return ids
+
+
+@pytest.fixture
+def node(cluster, settings, tmp_path):
+    settings.CLUSTERUI_BOOT_WINDOW_S = 0
+    RepairSettings.objects.create(
+        cluster=cluster, provider="command", provider_commands={
+            "reprovision": f"echo reprovisioning {{node}} >> {tmp_path}/calls",
+            "remove": f"echo removing {{node}} >> {tmp_path}/calls"})
+    node = do_register_node(cluster, "gpu-009")
+    do_record_hello(node, boot_id="boot-1", gpus=GPUS)
+    node.refresh_from_db()
+    return node
+
+
+def run_next(enqueued, now=None):
+    return steps.run_step(enqueued.pop(0), now=now)
+
+
+def test_a_reprovision_runs_every_step_and_the_node_ends_healthy(node, operator, enqueued,
+                                                                  tmp_path):
+    repair = do_approve_repair(
+        do_propose_repair(node, action="reprovision", actor=operator, reason="bad image"),
+        actor=operator)
+    assert repair.status == Status.RUNNING and repair.boot_id_before == "boot-1"
+    node.refresh_from_db()
+    assert node.state == NodeState.PAUSED
+
+    assert run_next(enqueued).message == "drained (none)"
+    assert "started by the provider" in run_next(enqueued).message
+    assert (tmp_path / "calls").read_text() == "reprovisioning gpu-009\n"
+
+    wait_step = repair.steps.get(kind="wait_for_node")
+    outcome = run_next(enqueued)
+    assert isinstance(outcome, steps.Wait) and not enqueued  # re-checked by beat, not a sleep
+    assert steps.run_step(wait_step.pk) is None  # not due yet
+    do_record_hello(node, boot_id="boot-2", gpus=GPUS)
+    later = timezone.now() + timedelta(seconds=6)
+    assert steps.run_due_steps(now=later) == 1
+    assert run_next(enqueued, now=later).message.startswith("back with a new boot id")
+
+    assert isinstance(run_next(enqueued), steps.Wait)  # verify asked for its checks
+    runs = CheckRun.objects.filter(node=node, purpose="after_reboot", boot_id="boot-2")
+    assert sorted(runs.values_list("check_name", flat=True)) == ["gpu_compute", "nvml_sanity"]
+    for run in runs:
+        do_record_check_result(node, run_id=run.pk, status="passed")
+    verify_step = repair.steps.get(kind="verify")
+    later += timedelta(seconds=6)
+    steps.run_due_steps(now=later)
+    assert run_next(enqueued, now=later).message == "passed nvml_sanity, gpu_compute"
+    assert run_next(enqueued).message == "resumed (none)"
+
+    repair.refresh_from_db()
+    node.refresh_from_db()
+    assert repair.status == Status.SUCCEEDED and repair.finished_at
+    assert node.state == NodeState.HEALTHY
+    assert set(repair.steps.values_list("status", flat=True)) == {StepStatus.DONE}
+    assert verify_step.pk in [s.pk for s in repair.steps.all()]
+
+
+def test_a_failed_verify_fails_the_repair_and_leaves_the_node_paused(node, operator, enqueued):
+    repair = do_approve_repair(
+        do_propose_repair(node, action="reprovision", actor=operator, reason="bad image"),
+        actor=operator)
+    run_next(enqueued)
+    run_next(enqueued)
+    do_record_hello(node, boot_id="boot-2", gpus=GPUS)
+    run_next(enqueued)
+    run_next(enqueued)
+    sanity = CheckRun.objects.get(node=node, check_name="nvml_sanity")
+    do_record_check_result(node, run_id=sanity.pk, status="failed",
+                           message="7 GPUs present, 8 expected")
+    compute = CheckRun.objects.get(node=node, check_name="gpu_compute")
+    do_record_check_result(node, run_id=compute.pk, status="passed")
+    later = timezone.now() + timedelta(seconds=6)
+    steps.run_due_steps(now=later)
+    outcome = run_next(enqueued, now=later)
+    assert isinstance(outcome, steps.Failed) and "7 GPUs present" in outcome.message
+
+    repair.refresh_from_db()
+    node.refresh_from_db()
+    assert repair.status == Status.FAILED
+    assert repair.outcome.startswith("verify failed: nvml_sanity failed")
+    assert node.paused and node.state == NodeState.PAUSED
+    assert node.state_reason.startswith(f"repair #{repair.pk} failed")
+    assert repair.steps.get(kind="resume").status == StepStatus.PENDING
+
+
+def test_a_provider_failure_fails_the_step_with_its_output(node, operator, enqueued, cluster):
+    RepairSettings.objects.filter(cluster=cluster).update(
+        provider_commands={"reprovision": "echo no capacity in rack 4 >&2; exit 3"})
+    repair = do_approve_repair(
+        do_propose_repair(node, action="reprovision", actor=operator, reason="x"),
+        actor=operator)
+    run_next(enqueued)
+    outcome = run_next(enqueued)
+    assert isinstance(outcome, steps.Failed) and "no capacity in rack 4" in outcome.message
+    repair.refresh_from_db()
+    assert repair.status == Status.FAILED
+
+
+def test_an_act_step_run_again_after_its_worker_died_does_not_act_twice(node, operator, enqueued,
+                                                                       tmp_path):
+    repair = do_approve_repair(
+        do_propose_repair(node, action="remove", actor=operator, reason="RMA"), actor=operator)
+    run_next(enqueued)
+    act = repair.steps.get(kind="act")
+    assert run_next(enqueued).message == "remove started by the provider"
+    assert steps.run_step(act.pk) is None  # done: a second delivery does nothing
+    assert (tmp_path / "calls").read_text() == "removing gpu-009\n"
+    repair.refresh_from_db()
+    node.refresh_from_db()
+    assert repair.status == Status.SUCCEEDED
+    assert node.paused and node.paused_reason == f"removed from the pool for RMA (repair #{repair.pk})"
+
+
+def test_a_provider_run_cut_short_is_not_repeated(node, operator, enqueued, tmp_path):
+    repair = do_approve_repair(
+        do_propose_repair(node, action="remove", actor=operator, reason="RMA"), actor=operator)
+    run_next(enqueued)
+    act = repair.steps.get(kind="act")
+    steps.set_details(act, provider_started=timezone.now().isoformat())  # died mid-run
+    outcome = run_next(enqueued)
+    assert isinstance(outcome, steps.Failed) and "was interrupted" in outcome.message
+    assert not (tmp_path / "calls").exists()
+
+
+def test_an_xid_79_repair_recommended_approved_and_verified_closes_the_xid(node, operator,
+                                                                          enqueued, cluster):
+    RepairSettings.objects.filter(cluster=cluster).update(
+        provider_commands={"reprovision": "true"})
+    xid = do_record_health_event(node, signature="xid:79", severity="critical",
+                                 gpu=node.gpus.get(index=3), message="fallen off the bus",
+                                 now=timezone.now() - timedelta(minutes=1))
+    repair = refresh_recommendation(node)
+    assert repair.action == "reboot"
+    # An operator prefers a reprovision here; the reboot path needs the agent (integration).
+    repair.action = "reprovision"
+    repair.save(update_fields=["action"])
+    do_approve_repair(repair, actor=operator)
+    run_next(enqueued)
+    run_next(enqueued)
+    do_record_hello(node, boot_id="boot-2", gpus=GPUS)
+    run_next(enqueued)
+    run_next(enqueued)
+    for run in CheckRun.objects.filter(node=node, boot_id="boot-2"):
+        do_record_check_result(node, run_id=run.pk, status="passed")
+    xid.refresh_from_db()
+    assert not xid.is_open and xid.closed_reason.startswith("rebooted and passed")
+    assert not HealthEvent.objects.open().filter(node=node).exists()
