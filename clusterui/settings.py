@@ -262,6 +262,7 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-health-events": {"task": "healthchecks.tasks.sweep_health_events", "schedule": 60.0},
     "expire-check-runs": {"task": "healthchecks.tasks.expire_check_runs", "schedule": 30.0},
     "expire-agent-commands": {"task": "nodes.tasks.expire_commands", "schedule": 30.0},
+    "advance-repairs": {"task": "repairs.tasks.advance_repairs", "schedule": 5.0},
 }
 
 # Node state timing (DESIGN.md "Node states").

@@ -283,6 +283,12 @@ class LiveClusterConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=json.dumps({"type": "health.changed",
                                               "cluster": message["cluster"]}))
 
+    async def repair_changed(self, message):
+        """From repairs.live.announce_repair_change: a repair of the cluster moved. The Repair
+        tab and node pages re-fetch what shows it (static/js/repairs.js)."""
+        await self.send(text_data=json.dumps({"type": "repair.changed",
+                                              "cluster": message["cluster"]}))
+
 
 def may_watch(user, slug):
     from clusterui.models import Cluster
