@@ -35,6 +35,7 @@ from nodes.choices import DISPLAY_ORDER
 from nodes.models import ClusterRollup, Node, NodeTransition
 from nodes.services import do_pause_node, do_record_hello, do_register_node, do_resume_node
 from nodes.states import boot_window, refresh_due_node_states
+from repairs.models import RepairSettings
 
 from agent.backends.simulated import SimulatedBackend
 from agent.fleet import INJECT_FILE
@@ -458,6 +459,9 @@ def seed(*, reset=False, now=None):
     if existing is not None:
         existing.delete()
     cluster = create_cluster()
+    # The demo fleet's machines are simulated: "reprovision" and "failover" reboot the
+    # simulated agent; there is no Slurm to drain.
+    RepairSettings.objects.create(cluster=cluster, provider=RepairSettings.Provider.SIMULATED)
     rng = random.Random(RANDOM_SEED)
     script = Script(cluster, users, now, rng)
     write_script(script)
