@@ -254,6 +254,8 @@ class SlurmCluster:
             "ReturnToService=2",
             "MailProg=/bin/true",
             "KillWait=2",
+            # Start a submitted batch job within a second rather than about three.
+            "SchedulerParameters=batch_sched_delay=0",
             "MpiDefault=none",
             "GresTypes=gpu",
         ]
@@ -415,7 +417,7 @@ class SlurmCluster:
                nodelist=None, name=None, extra=()):
         """Submit `command` as a batch job (`sbatch --wrap`); its job id. Output goes to
         jobs/<id>.out under the cluster's folder."""
-        argv = ["sbatch", "--parsable", f"--output={self.jobs_dir}/%j.out", "--wrap", command]
+        argv = ["sbatch", "--parsable", f"--output={self.jobs_dir}/%j.out"]
         if account:
             argv.append(f"--account={account}")
         if gres:
@@ -426,7 +428,7 @@ class SlurmCluster:
             argv.append(f"--nodelist={nodelist}")
         if name:
             argv.append(f"--job-name={name}")
-        argv += list(extra)
+        argv += [*extra, "--wrap", command]
         # --parsable prints "<id>" or "<id>;<cluster>".
         return self.run(argv, user=user).stdout.strip().split(";")[0]
 
