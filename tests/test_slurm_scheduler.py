@@ -99,6 +99,27 @@ def test_a_requeued_job_is_pending_and_starts_again_elsewhere_at_once(slurm, sch
     assert [j.id for j in scheduler.running_jobs(first_node)] == []
 
 
+def test_a_job_slow_to_stop_is_requeued_and_starts_now_when_asked_again(slurm):
+    # It ignores SIGTERM: Slurm kills it KillWait (2 s) later, longer than the time limit.
+    job = slurm.sbatch("trap '' TERM; sleep 300")
+    slurm.wait_job_state(job, "RUNNING")
+    first_node = slurm.job_node(job)
+    scheduler = CountingScheduler(slurm_conf=slurm.slurm_conf, timeout_s=1)
+    scheduler.drain(first_node, "clusterui repair #8")
+
+    output = scheduler.requeue([job])
+
+    assert output == (f"requeued {job}; pending to start now: none; still completing after "
+                      f"1 s: {job} (requeue them again to start them now)")
+    slurm.wait_job_state(job, "PENDING", timeout=10)
+    time.sleep(1)
+    assert slurm.job_state(job) == "PENDING"  # Slurm's own delay holds it back
+
+    assert scheduler.requeue([job]) == f"requeued none; pending to start now: {job}"
+    slurm.wait_job_state(job, "RUNNING", timeout=15)
+    assert slurm.job_node(job) not in {"", first_node}
+
+
 def test_requeue_leaves_a_finished_job_finished(slurm, scheduler):
     job = slurm.sbatch("true")
     slurm.wait_job_state(job, "COMPLETED")

@@ -209,16 +209,17 @@ class SlurmScheduler:
         deadline = time.monotonic() + self.timeout_s
         while True:
             states = self._job_states(job_ids)
-            if not any(states.get(job_id) == "COMPLETING" for job_id in job_ids):
+            completing = [j for j in job_ids if states.get(j) == "COMPLETING"]
+            if not completing or time.monotonic() > deadline:
                 break
-            if time.monotonic() > deadline:
-                still = [j for j in job_ids if states.get(j) == "COMPLETING"]
-                raise ExecutorError(
-                    f"scontrol requeue {','.join(running)}: jobs {','.join(still)} still "
-                    f"completing after {self.timeout_s:g} s; run again to start them now")
             time.sleep(REQUEUE_POLL_S)
         pending = [job_id for job_id in job_ids if states.get(job_id) == "PENDING"]
         if pending:
             self._run("scontrol", "update", f"jobid={','.join(pending)}", "StartTime=now")
-        return (f"requeued {','.join(running) or 'none'}; "
-                f"pending to start now: {','.join(pending) or 'none'}")
+        output = (f"requeued {','.join(running) or 'none'}; "
+                  f"pending to start now: {','.join(pending) or 'none'}")
+        if completing:
+            # Requeued all the same; they start after Slurm's delay unless asked again.
+            output += (f"; still completing after {self.timeout_s:g} s: "
+                       f"{','.join(completing)} (requeue them again to start them now)")
+        return output
