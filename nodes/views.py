@@ -14,6 +14,7 @@ from clusterui.roles import Role, require_role
 from clusterui.views import get_cluster_for_user
 from healthchecks.forms import RunCheckForm
 from healthchecks.views import check_runs_context
+from repairs.views import node_repairs_context
 
 from .filters import NodeFilter
 from .forms import PauseNodeForm
@@ -63,6 +64,7 @@ def node_detail(request, slug, name):
         "run_form": RunCheckForm(cluster=node.cluster),
         **check_runs_context(node.cluster, node.check_runs.select_related(
             "node", "requested_by", "health_event"), QueryDict(f"node={node.name}"), node=node),
+        **node_repairs_context(node),
     }
     return render(request, "nodes/detail.html", context)
 

@@ -249,3 +249,51 @@ def due_steps(now=None):
         status=StepStatus.WAITING, next_check_at__lte=now, repair__status=Status.RUNNING,
     ).values_list("pk", flat=True))
 
+
+# Settings and policy: admins' changes, each audited.
+
+SETTINGS_FIELDS = ("scheduler", "scheduler_config", "provider", "provider_commands",
+                   "blast_radius_pct", "drain_grace_s", "boot_timeout_s")
+
+
+@transaction.atomic
+def do_update_repair_settings(form, *, actor, request=None, now=None):
+    """Save an edited RepairSettingsForm; the audit entry holds each changed field
+    before/after. Returns the names of the changed fields."""
+    stored = RepairSettings.objects.select_for_update().get(pk=form.instance.pk)
+    before = {name: getattr(stored, name) for name in SETTINGS_FIELDS}
+    settings = form.save()
+    settings.refresh_from_db()
+    after = {name: getattr(settings, name) for name in SETTINGS_FIELDS}
+    changed = {name: {"before": before[name], "after": after[name]}
+               for name in SETTINGS_FIELDS if before[name] != after[name]}
+    if changed:
+        record_audit(actor, "repairsettings.update", settings, changes=changed,
+                     cluster=settings.cluster, request=request, now=now)
+    return list(changed)
+
+
+@transaction.atomic
+def do_set_repair_policy(cluster, signature, *, action, auto_approve, actor, request=None,
+                         now=None):
+    """The cluster's policy for one signature. action: an Action, "" for no repair, or None
+    to drop the cluster's row (the defaults of repairs.policy apply again). Returns whether
+    anything changed."""
+    row = RepairPolicy.objects.select_for_update().filter(cluster=cluster,
+                                                          signature=signature).first()
+    before = None if row is None else {"action": row.action, "auto_approve": row.auto_approve}
+    after = None if action is None else {"action": action, "auto_approve": auto_approve}
+    if before == after:
+        return False
+    changes = {"signature": signature, "before": before, "after": after}
+    if after is None:
+        record_audit(actor, "repairpolicy.delete", row, changes=changes, cluster=cluster,
+                     request=request, now=now)
+        row.delete()
+        return True
+    row, _ = RepairPolicy.objects.update_or_create(
+        cluster=cluster, signature=signature,
+        defaults={"action": action, "auto_approve": auto_approve, "updated_by": actor})
+    record_audit(actor, "repairpolicy.update", row, changes=changes, cluster=cluster,
+                 request=request, now=now)
+    return True

@@ -1,19 +1,461 @@
-from django.shortcuts import render
-from django.views.decorators.http import require_GET
+"""The Repair tab, one repair's page, the node page's Repair section and the repair settings.
 
-from clusterui.roles import Role, require_role
+Every action calls one service of repairs.services; no view assigns a status. An htmx
+action gets the repair's block back (and "repair-changed", so the page's other sections
+follow); a plain form is sent back to where it came from.
+"""
+
+import csv
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db.models import F, Prefetch, Window
+from django.db.models.functions import RowNumber
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_htmx.http import trigger_client_event
+
+from clusterui.roles import Role, has_role, require_role
 from clusterui.views import get_cluster_for_user
-from nodes.choices import NodeState
+from healthchecks.catalog import catalog, policy_for
+from healthchecks.checks import CHECKS
+from healthchecks.models import HealthEvent
 from nodes.models import Node
+
+from .choices import ACTION_EXPLANATIONS, FINISHED_STATUSES, OPEN_STATUSES, Action, Status
+from .executors import ExecutorError, NoScheduler
+from .executors.providers import ACTIONS as PROVIDER_ACTIONS
+from .filters import RepairHistoryFilter
+from .forms import CommentForm, ProposeRepairForm, RepairPolicyForm, RepairSettingsForm
+from .models import Repair, RepairPolicy
+from .policy import DEFAULT_ACTIONS, THROTTLE_PERSISTS, THROTTLE_SIGNATURES, default_action
+from .services import (
+    RepairRefused,
+    do_approve_repair,
+    do_cancel_repair,
+    do_propose_repair,
+    do_reject_repair,
+    do_set_repair_policy,
+    do_update_repair_settings,
+    settings_for,
+)
+from .steps import scheduler_for
+from .transitions import Conflict, InvalidTransition
+
+HISTORY_PAGE_SIZE = 50
+NODE_HISTORY_LIMIT = 5  # a recommendation shows this many of its node's earlier repairs
+NODE_PAGE_HISTORY_LIMIT = 20
+
+
+def get_repair_for_user(request, slug, public_id):
+    cluster = get_cluster_for_user(request, slug)
+    return get_object_or_404(with_card_data(Repair.objects.all()), cluster=cluster,
+                             public_id=public_id)
+
+
+def get_node_for_user(request, slug, name):
+    cluster = get_cluster_for_user(request, slug)
+    return get_object_or_404(Node.objects.select_related("cluster"), cluster=cluster, name=name)
+
+
+def with_card_data(repairs):
+    """What a repair's block shows, fetched with it: a fixed number of queries for any
+    number of repairs."""
+    return repairs.select_related(
+        "cluster", "node", "gpu", "requested_by", "reviewed_by",
+    ).prefetch_related(
+        Prefetch("events", queryset=HealthEvent.objects.select_related("gpu").order_by(
+            "-last_seen", "-id")),
+        "steps",
+    )
+
+
+# What a repair's block shows besides the repair itself.
+
+
+@dataclass(frozen=True)
+class JobsAtRisk:
+    """What the cluster's scheduler says runs on a node: the jobs a repair would hit."""
+
+    jobs: tuple = ()
+    scheduler: str = ""  # its name; "" when the cluster has none configured
+    error: str = ""  # why it did not answer
+
+    @property
+    def rows(self):
+        return [(job, run_time_text(job.run_time_s)) for job in self.jobs]
+
+
+def run_time_text(seconds):
+    if seconds is None:
+        return "–"
+    if seconds < 60:
+        return f"{seconds} s"
+    hours, minutes = divmod(seconds // 60, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min"
+
+
+@dataclass(frozen=True)
+class RepairCard:
+    repair: Repair
+    jobs: JobsAtRisk | None = None  # asked for proposed repairs only
+    history: list | None = None  # the node's earlier repairs, newest first; None: not shown
+
+    @property
+    def action_explanation(self):
+        return ACTION_EXPLANATIONS[self.repair.action]
+
+    @property
+    def moving(self):
+        """Approved and not yet finished: its steps move (the page follows them)."""
+        return self.repair.status in (Status.APPROVED, Status.WAITING, Status.RUNNING)
+
+
+def jobs_at_risk(cluster, nodes):
+    """{node id: JobsAtRisk}. A scheduler that did not answer for one node is not asked
+    again for the next: each question would wait out its own time limit."""
+    try:
+        scheduler = scheduler_for(cluster)
+    except ExecutorError as error:
+        return {node.pk: JobsAtRisk(error=str(error)) for node in nodes}
+    if isinstance(scheduler, NoScheduler):
+        return {node.pk: JobsAtRisk() for node in nodes}
+    found, error = {}, ""
+    for node in nodes:
+        if not error:
+            try:
+                found[node.pk] = JobsAtRisk(tuple(scheduler.running_jobs(node.name)),
+                                            scheduler.name)
+                continue
+            except ExecutorError as exc:
+                error = str(exc)
+        found[node.pk] = JobsAtRisk(scheduler=scheduler.name, error=error)
+    return found
+
+
+def proposed_jobs(repair):
+    """The jobs a proposed repair would hit; None once it is past approval."""
+    if repair.status != Status.PROPOSED:
+        return None
+    return jobs_at_risk(repair.cluster, [repair.node])[repair.node_id]
+
+
+def node_histories(node_ids, exclude_ids, limit=NODE_HISTORY_LIMIT):
+    """{node id: [its latest `limit` repairs, newest first]}, in one query."""
+    if not node_ids:
+        return {}
+    newest_first = [F("requested_at").desc(), F("id").desc()]
+    rows = (Repair.objects.filter(node_id__in=node_ids).exclude(pk__in=exclude_ids)
+            .annotate(nth=Window(RowNumber(), partition_by=[F("node_id")], order_by=newest_first))
+            .filter(nth__lte=limit).select_related("cluster").order_by("node_id", *newest_first))
+    histories = {}
+    for repair in rows:
+        histories.setdefault(repair.node_id, []).append(repair)
+    return histories
+
+
+def repair_cards(repairs):
+    """Cards for repairs fetched through with_card_data(); proposed ones bring the jobs on
+    their nodes and their nodes' earlier repairs."""
+    repairs = list(repairs)
+    proposed = [r for r in repairs if r.status == Status.PROPOSED]
+    if not proposed:
+        return [RepairCard(r) for r in repairs]
+    jobs = jobs_at_risk(proposed[0].cluster, [r.node for r in proposed])
+    histories = node_histories([r.node_id for r in proposed], [r.pk for r in repairs])
+    return [RepairCard(r, jobs[r.node_id], histories.get(r.node_id, []))
+            if r.status == Status.PROPOSED else RepairCard(r) for r in repairs]
+
+
+# The Repair tab.
+
+
+def tab_context(request, cluster):
+    open_repairs = with_card_data(Repair.objects.filter(cluster=cluster,
+                                                        status__in=OPEN_STATUSES))
+    history_filter = RepairHistoryFilter(request.GET, queryset=finished_repairs(cluster))
+    matching = history_filter.qs if history_filter.is_valid() else Repair.objects.none()
+    return {
+        "cluster": cluster, "tab": "repair", "filter": history_filter,
+        "awaiting": repair_cards(open_repairs.filter(status=Status.PROPOSED)
+                                 .order_by("requested_at", "id")),
+        "running": repair_cards(open_repairs.exclude(status=Status.PROPOSED)
+                                .order_by("reviewed_at", "requested_at", "id")),
+        "history": Paginator(matching, HISTORY_PAGE_SIZE).get_page(request.GET.get("page")),
+        "xids": catalog(), "back_url": request.htmx.current_url_abs_path,
+    }
+
+
+def finished_repairs(cluster):
+    return (Repair.objects.filter(cluster=cluster, status__in=FINISHED_STATUSES)
+            .select_related("cluster", "node", "gpu", "requested_by", "reviewed_by")
+            .order_by(F("finished_at").desc(nulls_last=True), "-requested_at", "-id"))
 
 
 @require_GET
 @require_role(Role.VIEWER)
 def repair_list(request, slug):
-    """Nodes out of service, worst first: what repairs are for."""
     cluster = get_cluster_for_user(request, slug)
-    nodes = Node.objects.filter(
-        cluster=cluster, state__in=[NodeState.UNHEALTHY, NodeState.PAUSED]
-    ).order_by("-state", "state_changed_at")
-    return render(request, "repairs/list.html", {"cluster": cluster, "tab": "repair",
-                                                 "nodes": nodes})
+    context = tab_context(request, cluster)
+    # htmx (filters, pages, live refresh): the history, and the other two sections out of band.
+    return render(request, "repairs/_sections_response.html" if request.htmx
+                  else "repairs/list.html", context)
+
+
+CSV_COLUMNS = ["repair", "id", "node", "gpu", "action", "signature", "status", "reason",
+               "requested_at", "requested_by", "reviewed_at", "reviewed_by", "auto_approved",
+               "review_comment", "started_at", "finished_at", "outcome"]
+
+
+def csv_row(repair):
+    def when(value):
+        return value.isoformat() if value else ""
+
+    return [repair.pk, repair.public_id, repair.node.name,
+            repair.gpu.index if repair.gpu else "", repair.action, repair.signature,
+            repair.status, repair.reason, when(repair.requested_at),
+            repair.requested_by.get_username() if repair.requested_by else "system",
+            when(repair.reviewed_at),
+            repair.reviewed_by.get_username() if repair.reviewed_by else "",
+            "yes" if repair.auto_approved else "no", repair.review_comment,
+            when(repair.started_at), when(repair.finished_at), repair.outcome]
+
+
+@require_GET
+@require_role(Role.VIEWER)
+def history_csv(request, slug):
+    """The tab's history with its filters, every page, as CSV (times in UTC)."""
+    cluster = get_cluster_for_user(request, slug)
+    history_filter = RepairHistoryFilter(request.GET, queryset=finished_repairs(cluster))
+    if not history_filter.is_valid():
+        return HttpResponse("Invalid filters: " + history_filter.errors.as_text(), status=400,
+                            content_type="text/plain; charset=utf-8")
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{cluster.slug}-repairs.csv"'
+    writer = csv.writer(response)
+    writer.writerow(CSV_COLUMNS)
+    for repair in history_filter.qs.iterator(chunk_size=500):
+        writer.writerow(csv_row(repair))
+    return response
+
+
+# One repair.
+
+
+@require_GET
+@require_role(Role.VIEWER)
+def repair_detail(request, slug, public_id):
+    repair = get_repair_for_user(request, slug, public_id)
+    history = node_histories([repair.node_id], [repair.pk]).get(repair.node_id, [])
+    card = RepairCard(repair, jobs=proposed_jobs(repair), history=history)
+    context = {"cluster": repair.cluster, "tab": "repair", "card": card,
+               "transitions": repair.transitions.all(), "xids": catalog(),
+               "back_url": request.htmx.current_url_abs_path}
+    return render(request, "repairs/detail.html" + ("#repair-detail" if request.htmx else ""),
+                  context)
+
+
+def already_message(repair, wanted):
+    """What the second of two clicks finds: the repair as someone (or the system) left it."""
+    repair = Repair.objects.select_related("reviewed_by").get(pk=repair.pk)
+    status = repair.get_status_display()
+    if wanted == Status.CANCELLED and repair.status == Status.RUNNING:
+        return (f"Repair #{repair.pk} is running: a running repair cannot be cancelled; it "
+                f"ends when its steps do.")
+    if repair.reviewed_at is not None:
+        verdict = "rejected" if repair.status == Status.REJECTED else "approved"
+        who = (repair.reviewed_by.get_username() if repair.reviewed_by
+               else "the cluster's policy (auto-approve)" if repair.auto_approved else "someone")
+        now = "" if repair.status in (Status.APPROVED, Status.REJECTED) else f"; it is {status} now"
+        return f"Repair #{repair.pk} was already {verdict} by {who}{now}."
+    last = repair.transitions.last()
+    why = f" ({last.actor_name}: {last.reason})" if last else ""
+    return f"Repair #{repair.pk} is already {status}{why}."
+
+
+def done_message(repair, verb):
+    if repair.status == Status.WAITING:
+        return f"Repair #{repair.pk} {verb}; it waits: {repair.waiting_reason}."
+    if repair.status == Status.RUNNING:
+        return f"Repair #{repair.pk} {verb}; it is running."
+    return f"Repair #{repair.pk} {verb}."
+
+
+def act_on_repair(request, slug, public_id, service, wanted, verb):
+    """approve, reject, cancel: one service each, with the optional comment."""
+    repair = get_repair_for_user(request, slug, public_id)
+    form = CommentForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "The comment is too long: 500 characters at most.")
+    else:
+        try:
+            moved = service(repair, actor=request.user, comment=form.cleaned_data["comment"],
+                            request=request)
+        except (Conflict, InvalidTransition):
+            messages.warning(request, already_message(repair, wanted))
+        else:
+            messages.success(request, done_message(moved, verb))
+    if not request.htmx:
+        return redirect(safe_next(request, repair.get_absolute_url()))
+    repair = get_repair_for_user(request, slug, public_id)
+    response = render(request, "repairs/_repair_response.html",
+                      {"cluster": repair.cluster, "card": repair_cards([repair])[0],
+                       "xids": catalog(), "back_url": request.htmx.current_url_abs_path})
+    return trigger_client_event(response, "repair-changed")
+
+
+def safe_next(request, fallback):
+    wanted = request.POST.get("next", "")
+    if url_has_allowed_host_and_scheme(wanted, allowed_hosts={request.get_host()},
+                                       require_https=request.is_secure()):
+        return wanted
+    return fallback
+
+
+@require_POST
+@require_role(Role.OPERATOR)
+def repair_approve(request, slug, public_id):
+    return act_on_repair(request, slug, public_id, do_approve_repair, Status.APPROVED,
+                         "approved")
+
+
+@require_POST
+@require_role(Role.OPERATOR)
+def repair_reject(request, slug, public_id):
+    return act_on_repair(request, slug, public_id, do_reject_repair, Status.REJECTED,
+                         "rejected")
+
+
+@require_POST
+@require_role(Role.OPERATOR)
+def repair_cancel(request, slug, public_id):
+    return act_on_repair(request, slug, public_id, do_cancel_repair, Status.CANCELLED,
+                         "cancelled")
+
+
+# The node page's Repair section.
+
+
+def node_repairs_context(node):
+    """The context of templates/repairs/_node_repairs.html (node page: nodes.views)."""
+    open_repair = with_card_data(node.repairs.open()).first()
+    card = None if open_repair is None else RepairCard(open_repair, proposed_jobs(open_repair))
+    history = (node.repairs.filter(status__in=FINISHED_STATUSES)
+               .select_related("cluster", "requested_by", "reviewed_by")
+               [:NODE_PAGE_HISTORY_LIMIT])
+    return {"node_repair": card, "node_repair_history": history,
+            "propose_form": ProposeRepairForm(), "xids": catalog()}
+
+
+@require_GET
+@require_role(Role.VIEWER)
+def node_repairs(request, slug, name):
+    """The node page's Repair section alone: what static/js/repairs.js re-fetches."""
+    node = get_node_for_user(request, slug, name)
+    return render(request, "repairs/_node_repairs.html",
+                  {"cluster": node.cluster, "node": node, **node_repairs_context(node),
+                   "back_url": request.htmx.current_url_abs_path})
+
+
+@require_POST
+@require_role(Role.OPERATOR)
+def repair_propose(request, slug, name):
+    node = get_node_for_user(request, slug, name)
+    form = ProposeRepairForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "A proposed repair needs an action and a reason.")
+    else:
+        try:
+            repair = do_propose_repair(node, action=form.cleaned_data["action"],
+                                       actor=request.user, reason=form.cleaned_data["reason"],
+                                       request=request)
+        except RepairRefused as refused:
+            messages.error(request, f"Not proposed: {refused}.")
+        else:
+            messages.success(request, f"Repair #{repair.pk} ({repair.action}) proposed; it "
+                                      f"waits for an operator's approval.")
+    if not request.htmx:
+        return redirect("nodes:detail", node.cluster.slug, node.name)
+    response = render(request, "repairs/_node_repairs_response.html",
+                      {"cluster": node.cluster, "node": node, **node_repairs_context(node),
+                       "back_url": request.htmx.current_url_abs_path})
+    return trigger_client_event(response, "repair-changed")
+
+
+# Settings: admins change them, everyone else reads them.
+
+
+@dataclass(frozen=True)
+class PolicyRow:
+    signature: str
+    default_action: str | None
+    default_why: str
+    override: RepairPolicy | None
+
+
+def policy_rows(cluster):
+    """The policy table: every signature with a default repair (Xids for the cluster's GPU
+    type), then the other signatures the cluster has a row for; each with its default, so
+    an admin sees what a row overrides."""
+    overrides = {p.signature: p for p in cluster.repair_policies.select_related("updated_by")}
+    signatures = [*DEFAULT_ACTIONS, *(f"check:{name}" for name in CHECKS),
+                  *(f"xid:{code}" for code in sorted(catalog())
+                    if policy_for(code, cluster.gpu_type).recommendation)]
+    signatures += sorted(set(overrides) - set(signatures))
+    # default_action() reads an event's signature and its GPU's model: here, the cluster's.
+    gpu = SimpleNamespace(name=cluster.gpu_type)
+    rows = []
+    for signature in signatures:
+        action, why = default_action(SimpleNamespace(signature=signature, gpu=gpu))
+        if action and signature in THROTTLE_SIGNATURES:
+            why += f", once it persists {THROTTLE_PERSISTS.seconds // 60} minutes"
+        rows.append(PolicyRow(signature, action, why, overrides.get(signature)))
+    return rows
+
+
+def settings_context(cluster, **forms):
+    return {"cluster": cluster, "tab": "repair", "repair_settings": settings_for(cluster),
+            "policy_rows": policy_rows(cluster), "actions": Action.choices,
+            "provider_actions": PROVIDER_ACTIONS, **forms}
+
+
+@require_http_methods(["GET", "POST"])
+@require_role(Role.VIEWER)
+def repair_settings(request, slug):
+    cluster = get_cluster_for_user(request, slug)
+    if request.method == "POST" and not has_role(request.user, Role.ADMIN):
+        raise PermissionDenied("Changing repair settings needs the admin role.")
+    form = RepairSettingsForm(request.POST or None, instance=settings_for(cluster))
+    if request.method == "POST" and form.is_valid():
+        changed = do_update_repair_settings(form, actor=request.user, request=request)
+        messages.success(request, f"Saved: {', '.join(changed)}." if changed
+                         else "Nothing changed.")
+        return redirect("repairs:settings", cluster.slug)
+    status = 400 if request.method == "POST" else 200
+    return render(request, "repairs/settings.html",
+                  settings_context(cluster, form=form, policy_form=RepairPolicyForm()),
+                  status=status)
+
+
+@require_POST
+@require_role(Role.ADMIN)
+def repair_policy(request, slug):
+    """One signature's row of the policy table."""
+    cluster = get_cluster_for_user(request, slug)
+    form = RepairPolicyForm(request.POST)
+    if not form.is_valid():
+        return render(request, "repairs/settings.html",
+                      settings_context(cluster, form=RepairSettingsForm(
+                          instance=settings_for(cluster)), policy_form=form), status=400)
+    signature = form.cleaned_data["signature"]
+    changed = do_set_repair_policy(cluster, signature, action=form.policy_action(),
+                                   auto_approve=form.cleaned_data["auto_approve"],
+                                   actor=request.user, request=request)
+    messages.success(request, f"Policy for {signature} saved." if changed
+                     else f"The policy for {signature} was already so.")
+    return redirect("repairs:settings", cluster.slug)

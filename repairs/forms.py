@@ -1,0 +1,97 @@
+import re
+
+from django import forms
+
+from .choices import Action
+from .executors.providers import ACTIONS as PROVIDER_ACTIONS
+from .executors.providers import validate_command_template
+from .models import RepairSettings
+
+
+class CommentForm(forms.Form):
+    """Approve, reject or cancel: the comment is optional."""
+
+    comment = forms.CharField(max_length=500, required=False)
+
+
+class ProposeRepairForm(forms.Form):
+    action = forms.ChoiceField(choices=Action.choices)
+    reason = forms.CharField(max_length=300, help_text="Why this node needs it.")
+
+
+class RepairSettingsForm(forms.ModelForm):
+    """The cluster's RepairSettings; provider_commands is edited as one text field per
+    provider action."""
+
+    class Meta:
+        model = RepairSettings
+        fields = ["scheduler", "scheduler_config", "provider", "blast_radius_pct",
+                  "drain_grace_s", "boot_timeout_s"]
+        labels = {"blast_radius_pct": "Blast radius (% of the cluster's nodes)",
+                  "drain_grace_s": "Drain grace (s)", "boot_timeout_s": "Boot timeout (s)"}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for action in PROVIDER_ACTIONS:
+            self.fields[command_field(action)] = forms.CharField(
+                label=f"{action.capitalize()} command", required=False, max_length=1000,
+                initial=self.instance.provider_commands.get(action, ""),
+                widget=forms.TextInput(attrs={"class": "mono", "size": 60}),
+                help_text=f"What the shell commands provider runs for a {action} repair, "
+                          f"with {{node}}, {{hostname}}, {{cluster}} and {{action}} inserted "
+                          f"shell-quoted. Empty: a {action} repair fails at its act step.")
+
+    def clean(self):
+        cleaned = super().clean()
+        for action in PROVIDER_ACTIONS:
+            command = cleaned.get(command_field(action), "").strip()
+            if command:
+                try:
+                    validate_command_template(command)
+                except forms.ValidationError as error:
+                    self.add_error(command_field(action), error)
+        return cleaned
+
+    def save(self, commit=True):
+        self.instance.provider_commands = {
+            action: self.cleaned_data[command_field(action)].strip()
+            for action in PROVIDER_ACTIONS if self.cleaned_data[command_field(action)].strip()
+        }
+        return super().save(commit=commit)
+
+
+def command_field(action):
+    return f"{action}_command"
+
+
+# Policy choices: "default" removes the cluster's row (repairs.policy decides), "none" keeps
+# a row that asks for no repair.
+DEFAULT, NONE = "default", "none"
+SIGNATURE = re.compile(r"^[a-z0-9_.-]+(:[a-z0-9_.-]+)?$")
+
+
+class RepairPolicyForm(forms.Form):
+    signature = forms.CharField(max_length=64)
+    action = forms.ChoiceField(choices=[(DEFAULT, "the default"), (NONE, "none: no repair"),
+                                        *Action.choices])
+    auto_approve = forms.BooleanField(required=False)
+
+    def clean_signature(self):
+        signature = self.cleaned_data["signature"].strip().lower()
+        if not SIGNATURE.match(signature):
+            raise forms.ValidationError(
+                f"{signature!r} is not a signature: e.g. xid:79, gpu_lost, check:gpu_compute.")
+        return signature
+
+    def clean(self):
+        cleaned = super().clean()
+        if cleaned.get("auto_approve") and cleaned.get("action") in (DEFAULT, NONE):
+            self.add_error("auto_approve", "Auto-approve needs an action: choose the one that "
+                                           "may start without a person.")
+        return cleaned
+
+    def policy_action(self):
+        """The action for repairs.services.do_set_repair_policy: None for the default, ""
+        for no repair."""
+        action = self.cleaned_data["action"]
+        return None if action == DEFAULT else "" if action == NONE else action
