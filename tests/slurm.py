@@ -9,7 +9,12 @@ is what it is.
     job_id = cluster.sbatch("sleep 30", user="alice", gres="gpu:2", nodelist="gpu-001")
     cluster.run(["scontrol", "show", "node", "gpu-001", "-o"]).stdout
     cluster.set_conf(Prolog="/path/prolog.sh", Epilog=None)  # then scontrol reconfigure
+    cluster.restart_daemon("slurmdbd")    # or "slurmctld", "slurmd gpu-002", "mariadbd"
+    cluster.reset()                       # no jobs, every node back in service
     cluster.stop()                        # cancels the jobs, then stops by recorded pid
+
+Tests take the `slurm` fixture (tests/conftest.py): one such cluster with accounting for
+the whole session, reset after each test.
 
 Each node advertises `gpus_per_node` GPUs through gres (fake device files, copies of
 /dev/null). Commands that should talk to this cluster get `cluster.env` (SLURM_CONF).
@@ -52,7 +57,7 @@ def missing_requirements():
         lacking.append("root (slurmd runs the jobs as their users)")
     programs = [p for p in REQUIRED_PROGRAMS if shutil.which(p) is None]
     if programs:
-        lacking.append(f"the programs {', '.join(programs)} (Debian: {DEBIAN_PACKAGES})")
+        lacking.append(f"the programs {', '.join(programs)}")
     return "; ".join(lacking)
 
 
@@ -160,6 +165,7 @@ class SlurmCluster:
         self.users_added = []
         self.ports = {}
         self.start_time_s = None
+        self.conf_at_start = dict(self.conf)
 
     # --- start and stop ------------------------------------------------------------------
 
@@ -167,6 +173,7 @@ class SlurmCluster:
         """Write the configuration and start every daemon; returns self once every node is
         idle. On failure stops what it started and raises SlurmClusterError with logs."""
         started = time.monotonic()
+        self.conf_at_start = dict(self.conf)
         try:
             self._prepare()
             self._start_munged(timeout)
@@ -470,8 +477,13 @@ class SlurmCluster:
                  alive=self._slurm_daemons(), interval=0.2)
 
     def reset(self, timeout=30.0):
-        """Back to a clean cluster between tests: no jobs, every node resumed and ready."""
+        """Back to a clean cluster between tests: no jobs, slurm.conf as at start (no
+        Prolog left from set_conf), every node resumed and ready."""
         self.cancel_all_jobs(timeout)
+        if self.conf != self.conf_at_start:
+            self.conf = dict(self.conf_at_start)
+            self._write_slurm_conf()
+            self.run(["scontrol", "reconfigure"])
         not_ready = [n for n, s in self.node_states().items()
                      if s not in READY_STATES and n in self.nodes]
         if not_ready:
