@@ -98,7 +98,7 @@ def drain(repair, step, now):
     name = repair.node.name
     output = ""
     state = scheduler.node(name)
-    if not (state.drained and state.reason.startswith(drain_reason(repair))):
+    if not (state.drained and state.reason == drain_reason(repair)):
         output = scheduler.drain(name, drain_reason(repair))
     jobs = scheduler.running_jobs(name)
     if not jobs:
@@ -108,13 +108,15 @@ def drain(repair, step, now):
     if now < started + grace:
         return Wait(f"drained; waiting for {len(jobs)} running job(s) to end, until "
                     f"{(started + grace):%H:%M:%S} UTC", JOBS_RECHECK, output)
-    requeued = set(step.details.get("requeued", []))
-    todo = [job.id for job in jobs if job.id not in requeued]
-    if todo:
-        set_details(step, requeued=sorted(requeued | set(todo)))
-        output += scheduler.requeue(todo)
-    return Wait(f"grace period over: requeued {len(todo) or len(requeued)} job(s); waiting for "
-                f"them to leave the node", RECHECK, output)
+    # requeue() leaves jobs that are no longer running alone: asking again after a killed
+    # worker does not run a job twice.
+    try:
+        output += scheduler.requeue([job.id for job in jobs])
+    except ExecutorError as exc:
+        return Wait(f"grace period over, but not every job could be requeued ({exc}); waiting "
+                    f"for them to end", JOBS_RECHECK, output)
+    return Wait(f"grace period over: requeued {len(jobs)} job(s); waiting for them to leave "
+                f"the node", RECHECK, output)
 
 
 def act(repair, step, now):
@@ -196,7 +198,7 @@ def resume(repair, step, now):
     scheduler = scheduler_for(repair.cluster)
     name = repair.node.name
     state = scheduler.node(name)
-    if state.drained and not state.reason.startswith(drain_reason(repair)) and state.reason:
+    if state.drained and state.reason and state.reason != drain_reason(repair):
         return Done(f"left drained: its drain reason is not this repair's ({state.reason})")
     output = scheduler.resume(name) if state.drained else ""
     return Done(f"resumed ({scheduler.name})", output)
