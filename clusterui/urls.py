@@ -22,6 +22,7 @@ urlpatterns = [
          name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("metrics", metrics, name="metrics"),
+    path("healthz", views.healthz, name="healthz"),
     path("", include((cluster_patterns, "clusterui"))),
     path("c/<slug:slug>/nodes/", include("nodes.urls")),
     path("c/<slug:slug>/health/", include("healthchecks.urls")),

@@ -1,5 +1,11 @@
+import logging
+
+from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth.decorators import login_not_required
 from django.core.exceptions import PermissionDenied
+from django.db import connection
+from django.http import JsonResponse
 from django.db.models import Count, Q
 from datetime import timedelta
 
@@ -134,3 +140,50 @@ def join_token_revoke(request, slug, public_id):
     else:
         messages.info(request, f"Join token {token.prefix}… was already revoked.")
     return redirect("clusterui:cluster_settings", cluster.slug)
+
+
+logger = logging.getLogger(__name__)
+
+
+def database_answers():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        return cursor.fetchone() == (1,)
+
+
+def redis_answers():
+    import redis
+
+    client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        return client.ping() is True
+    finally:
+        client.close()
+
+
+def health_probes():
+    """What /healthz asks: the database, and Redis where there is one (production)."""
+    probes = {"database": database_answers}
+    if settings.REDIS_URL:
+        probes["redis"] = redis_answers
+    return probes
+
+
+@login_not_required
+@require_GET
+def healthz(request):
+    """The load balancer's probe: 200 when every backing service answers, else 503 naming
+    the ones that did not. Why they failed goes to the log only: it may name hosts or users."""
+    failed = []
+    for name, answers in health_probes().items():
+        try:
+            ok = answers()
+        except Exception:
+            logger.exception("healthz: %s does not answer", name)
+            ok = False
+        if not ok:
+            failed.append(name)
+    if failed:
+        return JsonResponse({"status": "failing", "failed": failed}, status=503,
+                            headers={"Cache-Control": "no-store"})
+    return JsonResponse({"status": "ok"}, headers={"Cache-Control": "no-store"})
