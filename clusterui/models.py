@@ -60,6 +60,22 @@ class Cluster(models.Model):
         return reverse("clusterui:overview", args=[self.slug])
 
 
+class AuditEntryQuerySet(models.QuerySet):
+    """No bulk update or delete either: the trail is append-only. Deleting a user or a
+    cluster still clears an entry's actor or cluster: Django's collector uses the plain base
+    manager, not this one."""
+
+    def update(self, **kwargs):
+        raise ValueError("audit entries are append-only")
+
+    update.alters_data = True
+
+    def delete(self):
+        raise ValueError("audit entries are append-only")
+
+    delete.alters_data = True
+
+
 class AuditEntry(models.Model):
     """Append-only record of a change: who, what, on which object, before and after."""
 
@@ -77,6 +93,8 @@ class AuditEntry(models.Model):
     cluster = models.ForeignKey(
         Cluster, null=True, blank=True, on_delete=models.SET_NULL, related_name="audit_entries"
     )
+
+    objects = AuditEntryQuerySet.as_manager()
 
     class Meta:
         ordering = ["-at", "-id"]
