@@ -1,0 +1,147 @@
+"""In Chromium: one-click approve on the Repair tab. An operator has the tab of a cluster open;
+gpu-017 has an open Xid 79 on GPU 3; the system recommends a reboot while the page is open and
+the recommendation appears without a reload; one click on Approve moves it to Running, with
+its steps, without a reload.
+
+No Celery worker runs here: the approved repair stays at its first step, which is all this
+test looks at (the steps themselves are the integration tests' business)."""
+
+import threading
+import time
+from urllib.parse import urlsplit
+
+import pytest
+from django.db import connections
+from playwright.sync_api import expect
+
+from clusterui.roles import Role
+from clusterui.tests.factories import ClusterFactory, UserFactory
+from healthchecks.services import do_record_health_event
+from nodes.tests.factories import GpuFactory, NodeFactory
+from repairs.choices import Status
+from repairs.models import Repair
+from repairs.services import refresh_recommendation
+
+from .browser import assert_no_csp_violations, screenshot, sign_in
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration,
+              pytest.mark.django_db(transaction=True)]
+
+MARKER = "set before the recommendation"
+
+
+def in_a_thread(function, *args):
+    """Run `function` where no event loop runs. Playwright's sync API keeps its loop marked
+    running in the test's thread, and there async_to_sync, which sends the "repair.changed"
+    broadcast on commit, refuses to run (the broadcast would be lost without a word)."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = function(*args)
+        except BaseException as error:  # noqa: BLE001 - re-raised in the test's thread
+            outcome["error"] = error
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=30)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def wait_until(page, condition, timeout_s=15):
+    """Let the page run until `condition()` holds (Playwright's callbacks run meanwhile)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        page.wait_for_timeout(100)
+
+
+def quiet_count(page, items, quiet_ms=1500):
+    """len(items) once it has stayed the same for `quiet_ms` (repairs.js fetches at most once
+    a second, so a refresh it had scheduled has happened by then)."""
+    while True:
+        count = len(items)
+        page.wait_for_timeout(quiet_ms)
+        if len(items) == count:
+            return count
+
+
+def open_xid_79(node):
+    gpu = GpuFactory(node=node, index=3)
+    do_record_health_event(node, signature="xid:79", severity="critical", gpu=gpu,
+                           message="GPU has fallen off the bus")
+
+
+def test_a_recommendation_appears_live_and_one_click_approves_it(page, console):
+    cluster = ClusterFactory(name="repair-h200", slug="repair-h200")
+    UserFactory(username="alice", role=Role.OPERATOR)
+    node = NodeFactory(cluster=cluster, name="gpu-017")
+    in_a_thread(open_xid_79, node)
+    tab = f"/c/{cluster.slug}/repair/"
+    # What the tab fetched, and which typed messages its live socket brought.
+    fragments, socket_messages = [], []
+    page.on("requestfinished", lambda request: fragments.append(request.url)
+            if request.headers.get("hx-request") and request.method == "GET" else None)
+    page.on("websocket", lambda socket: socket.on(
+        "framereceived", lambda frame: socket_messages.append(frame)
+        if isinstance(frame, str) and '"type"' in frame else None))
+    page.add_init_script(
+        "document.addEventListener('DOMContentLoaded', () => document.body.addEventListener("
+        "'cluster-changed', () => { window.clusterChanges = (window.clusterChanges || 0) + 1; "
+        "}));")
+
+    page.goto(tab)
+    sign_in(page, "alice", "password")
+    assert urlsplit(page.url).path == tab
+    page.wait_for_load_state("load")
+    expect(page.locator("body")).to_have_attribute("data-live", "on")
+    expect(page.locator("#repair-awaiting")).to_contain_text("No repair awaits approval")
+    # The socket opening and its first summary count as changes (live.js): the tab refreshes.
+    # Let that be over, so that what follows can only come from "repair.changed".
+    page.wait_for_function("window.clusterChanges >= 1")
+    wait_until(page, lambda: fragments)
+    refreshes_before = quiet_count(page, fragments)
+
+    # Anything that reloads the page or navigates away loses this, and counts a navigation.
+    page.evaluate(f"window.repairTestMarker = {MARKER!r}")
+    navigations = []
+    page.on("framenavigated",
+            lambda frame: navigations.append(frame.url) if frame == page.main_frame else None)
+
+    # Only "repair.changed" tells the page: a recommendation changes no node's state.
+    repair = in_a_thread(refresh_recommendation, node)
+    card = page.locator(f"#repair-{repair.public_id}")
+    expect(page.locator("#repair-awaiting").locator(card)).to_be_visible()
+    expect(card).to_contain_text("gpu-017")
+    expect(card).to_contain_text("GPU 3")
+    expect(card).to_contain_text("xid:79")
+    expect(card).to_contain_text("reboot in place; local data is kept")
+    expect(card).to_contain_text("No scheduler configured")
+    assert any('"repair.changed"' in message for message in socket_messages), socket_messages
+    assert page.evaluate("window.clusterChanges") == 1  # no node changed state meanwhile
+    assert len(fragments) == refreshes_before + 1
+    screenshot(page, "repairs-live-recommendation")
+
+    card.get_by_role("button", name="Approve").click()
+
+    running = page.locator("#repair-running").locator(f"#repair-{repair.public_id}")
+    expect(running).to_be_visible()
+    expect(running).to_contain_text("approved by alice")
+    expect(running.locator(".steps li")).to_have_count(5)
+    expect(running.locator(".steps li").first).to_contain_text("drain")
+    expect(page.locator("#repair-awaiting")).to_contain_text("No repair awaits approval")
+    expect(page.locator("#messages")).to_contain_text(f"Repair #{repair.pk} approved")
+    repair = Repair.objects.select_related("reviewed_by").get(pk=repair.pk)
+    assert repair.status == Status.RUNNING and repair.reviewed_by.username == "alice"
+
+    assert page.evaluate("window.repairTestMarker") == MARKER
+    assert navigations == []
+    assert urlsplit(page.url).path == tab
+    path = screenshot(page, "repairs-approved-running")
+    print(f"screenshot: {path}")
+    assert not console.errors, str(console)
+    assert_no_csp_violations(console)
