@@ -11,7 +11,7 @@ from healthchecks.services import do_record_health_event
 from nodes.tests.factories import GpuFactory, NodeFactory
 from repairs.choices import Action, Status, StepKind, StepStatus
 from repairs.executors import ExecutorError, Job
-from repairs.models import RepairStep
+from repairs.models import RepairSettings, RepairStep
 from repairs.services import refresh_recommendation, settings_for
 from repairs.tests.factories import RepairFactory
 
@@ -138,6 +138,16 @@ def test_a_scheduler_that_does_not_answer_is_said_and_asked_once(client_for, ope
     assert response.text.count("The scheduler did not answer: squeue: no answer within 15 s") == 2
     assert len(scheduler.asked) == 1  # each question would wait out its own time limit
     assert ">Approve</button>" in response.text
+
+
+def test_a_scheduler_that_cannot_be_reached_at_all_is_said(client_for, operator, cluster, url):
+    RepairSettings.objects.create(cluster=cluster, scheduler="kubernetes",
+                                  scheduler_config="/nonexistent/kubeconfig")
+    recommend(cluster, "gpu-017")
+    response = client_for(operator).get(url)
+    assert response.status_code == 200
+    assert ("The scheduler did not answer: cannot load the Kubernetes configuration"
+            in response.text)
 
 
 def test_running_repairs_show_their_steps_and_waiting_ones_why(client_for, viewer, cluster,
