@@ -175,11 +175,3 @@ def test_an_htmx_request_gets_the_table_and_the_counts_out_of_band(client_for, v
     assert 'name="period"' in page and 'name="since"' in page and 'name="until"' in page
     assert "js/health." in page  # js/health.<hash>.js with the manifest storage
 
-
-def test_the_repair_tab_lists_nodes_out_of_service(client_for, viewer, cluster):
-    NodeFactory(cluster=cluster, name="gpu-001", state="healthy")
-    NodeFactory(cluster=cluster, name="gpu-002", state="unhealthy", state_reason="xid:79 on GPU 3")
-    NodeFactory(cluster=cluster, name="gpu-003", state="paused")
-    response = client_for(viewer).get(reverse("repairs:list", args=[cluster.slug]))
-    assert sorted(n.name for n in response.context["nodes"]) == ["gpu-002", "gpu-003"]
-    assert "xid:79 on GPU 3" in response.text
