@@ -8,6 +8,8 @@ from . import views
 cluster_patterns = [
     path("clusters/", views.cluster_list, name="cluster_list"),
     path("clusters/new/", views.cluster_create, name="cluster_create"),
+    path("audit/", views.audit_list, name="audit"),
+    path("audit/export.csv", views.audit_csv, name="audit_csv"),
     path("c/<slug:slug>/", views.overview, name="overview"),
     path("c/<slug:slug>/settings/", views.cluster_settings, name="cluster_settings"),
     path("c/<slug:slug>/settings/join-tokens/", views.join_token_create,

@@ -1,11 +1,14 @@
+import csv
+import json
 import logging
 
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_not_required
 from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
 from django.db import connection
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
 from django.db.models import Count, Q
 from datetime import timedelta
 
@@ -18,8 +21,9 @@ from nodes.models import AgentToken
 from nodes.services import do_issue_join_token, do_revoke_agent_token
 
 from . import overview as read
+from .filters import AuditEntryFilter
 from .forms import ClusterCreateForm, ClusterSettingsForm, JoinTokenForm, TimelineFilterForm
-from .models import Cluster
+from .models import AuditEntry, Cluster
 from .roles import Role, has_role, require_role
 from .services import do_create_cluster, do_update_cluster
 
@@ -187,3 +191,71 @@ def healthz(request):
         return JsonResponse({"status": "failing", "failed": failed}, status=503,
                             headers={"Cache-Control": "no-store"})
     return JsonResponse({"status": "ok"}, headers={"Cache-Control": "no-store"})
+
+
+AUDIT_PAGE_SIZE = 50
+AUDIT_CSV_COLUMNS = ["time", "person", "action", "object_type", "object_id", "object",
+                     "cluster", "source_ip", "changes"]
+
+
+def audit_filter_for(request):
+    return AuditEntryFilter(request.GET, queryset=AuditEntry.objects.select_related("cluster"))
+
+
+@require_GET
+@require_role(Role.ADMIN)
+def audit_list(request):
+    """The audit trail, newest first: who changed what, when and from where."""
+    audit_filter = audit_filter_for(request)
+    matching = audit_filter.qs if audit_filter.is_valid() else AuditEntry.objects.none()
+    page = Paginator(matching, AUDIT_PAGE_SIZE).get_page(request.GET.get("page"))
+    rows = [(entry, change_lines(entry.changes)) for entry in page]
+    context = {"filter": audit_filter, "page": page, "rows": rows}
+    return render(request, "clusterui/audit.html" + ("#audit-table" if request.htmx else ""),
+                  context)
+
+
+def change_lines(changes):
+    """An entry's changes as short lines: "region: us-west-2 → eu-north-1" for a changed
+    field, "reason: disk swap" for anything else."""
+    def text(value):
+        return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+    lines = []
+    for key, value in changes.items():
+        if isinstance(value, dict) and value.keys() == {"before", "after"}:
+            lines.append(f"{key}: {text(value['before'])} → {text(value['after'])}")
+        else:
+            lines.append(f"{key}: {text(value)}")
+    return lines
+
+
+def spreadsheet_safe(value):
+    """Text a spreadsheet would run as a formula (a node an agent named "=HYPERLINK(...)")
+    gets a leading apostrophe, as OWASP advises for CSV exports."""
+    text = str(value)
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
+def audit_csv_row(entry):
+    return [entry.at.isoformat(), entry.actor_name, entry.action,
+            entry.object_type, entry.object_id, entry.object_repr,
+            entry.cluster.slug if entry.cluster else "", entry.source_ip or "",
+            json.dumps(entry.changes, sort_keys=True) if entry.changes else ""]
+
+
+@require_GET
+@require_role(Role.ADMIN)
+def audit_csv(request):
+    """The audit trail with the page's filters, every page, as CSV (times in UTC)."""
+    audit_filter = audit_filter_for(request)
+    if not audit_filter.is_valid():
+        return HttpResponse("Invalid filters: " + audit_filter.errors.as_text(), status=400,
+                            content_type="text/plain; charset=utf-8")
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = 'attachment; filename="audit.csv"'
+    writer = csv.writer(response)
+    writer.writerow(AUDIT_CSV_COLUMNS)
+    for entry in audit_filter.qs.iterator(chunk_size=500):
+        writer.writerow([spreadsheet_safe(value) for value in audit_csv_row(entry)])
+    return response
