@@ -1,5 +1,5 @@
 from django.conf import settings
-from django.core.validators import MinValueValidator
+from django.core.validators import MinValueValidator, URLValidator
 from django.db import models
 from django.urls import reverse
 from django.utils import timezone
@@ -114,3 +114,63 @@ class AuditEntry(models.Model):
         raise ValueError("audit entries are append-only")
 
     delete.alters_data = True
+
+
+class KubernetesAccess(models.Model):
+    """How people reach a Kubernetes cluster's API server with their own IdP identity: where
+    the API server is and which CA signs it (for their kubeconfig), and how the API server
+    reads the IdP's ID tokens (its OIDC flags and the role bindings' group names). Admins
+    edit it on the cluster's Kubernetes access page (clusterui/kubeaccess.py)."""
+
+    class UsernameClaim(models.TextChoices):
+        SUB = "sub", "sub (the IdP's stable user id)"
+        EMAIL = "email", "email"
+
+    cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE,
+                                   related_name="kubernetes_access")
+    api_server_url = models.URLField(
+        "API server URL", max_length=255, blank=True,
+        validators=[URLValidator(schemes=["https"], message="An https:// URL.", code="not_https")],
+        help_text="The address people's kubectl uses, e.g. https://k8s.example.com:6443.")
+    certificate_authority_data = models.TextField(
+        "CA bundle", blank=True,
+        help_text="The CA that signs the API server's certificate: PEM, or base64 of the PEM "
+                  "(a kubeconfig's certificate-authority-data). Empty: the system's CAs.")
+    oidc_client_id = models.CharField(
+        "kubectl's OIDC client id", max_length=255, blank=True,
+        help_text="A public client (no secret, PKCE) registered at the IdP for kubectl, with "
+                  "http://localhost:8000 as a redirect URI. Empty: the console's client id.")
+    oidc_scopes = models.CharField(
+        "extra scopes", max_length=255, blank=True, default="groups",
+        help_text="Scopes kubectl asks for besides openid, space-separated: whatever makes the "
+                  "IdP put the groups claim in the ID token (Okta, Keycloak: groups; Entra ID: "
+                  "none, the app's token configuration adds it).")
+    username_claim = models.CharField(max_length=32, choices=UsernameClaim.choices,
+                                      default=UsernameClaim.SUB.value)
+    username_prefix = models.CharField(
+        max_length=64, blank=True, default="oidc:",
+        help_text="Put before every Kubernetes user name from the IdP (empty: none).")
+    groups_prefix = models.CharField(
+        max_length=64, blank=True, default="oidc:",
+        help_text="Put before every Kubernetes group name from the IdP (empty: none).")
+    operator_namespaces = models.CharField(
+        max_length=1000, blank=True,
+        help_text="Namespaces operators may edit, space- or comma-separated. Empty: every "
+                  "namespace (a ClusterRoleBinding to edit), else a RoleBinding in each.")
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        verbose_name_plural = "Kubernetes access"
+
+    def __str__(self):
+        return f"Kubernetes access to {self.cluster}"
+
+    @property
+    def operator_namespace_list(self):
+        return self.operator_namespaces.replace(",", " ").split()
+
+    @property
+    def oidc_scope_list(self):
+        return self.oidc_scopes.replace(",", " ").split()
