@@ -16,6 +16,9 @@ cluster_patterns = [
          name="join_token_create"),
     path("c/<slug:slug>/settings/join-tokens/<uuid:public_id>/revoke/", views.join_token_revoke,
          name="join_token_revoke"),
+    path("c/<slug:slug>/kubernetes/", views.kubernetes_access, name="kubernetes_access"),
+    path("c/<slug:slug>/kubernetes/kubeconfig/", views.kubeconfig_download,
+         name="kubeconfig_download"),
 ]
 
 urlpatterns = [

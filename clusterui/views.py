@@ -12,6 +12,7 @@ from django.http import HttpResponse, JsonResponse
 from django.db.models import Count, Q
 from datetime import timedelta
 
+from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -20,6 +21,7 @@ from nodes.choices import NodeState
 from nodes.models import AgentToken
 from nodes.services import do_issue_join_token, do_revoke_agent_token
 
+from . import kubeaccess
 from . import overview as read
 from .filters import AuditEntryFilter
 from .forms import ClusterCreateForm, ClusterSettingsForm, JoinTokenForm, TimelineFilterForm
@@ -191,6 +193,50 @@ def healthz(request):
         return JsonResponse({"status": "failing", "failed": failed}, status=503,
                             headers={"Cache-Control": "no-store"})
     return JsonResponse({"status": "ok"}, headers={"Cache-Control": "no-store"})
+
+
+@require_http_methods(["GET", "POST"])
+@require_role(Role.VIEWER)
+def kubernetes_access(request, slug):
+    """Every user's kubeconfig, the API server's OIDC flags and the role bindings for a
+    Kubernetes cluster; admins edit the settings they come from."""
+    cluster = get_cluster_for_user(request, slug)
+    if request.method == "POST" and not has_role(request.user, Role.ADMIN):
+        raise PermissionDenied("Changing Kubernetes access needs the admin role.")
+    if not kubeaccess.is_kubernetes(cluster):
+        return render(request, "clusterui/kubeaccess_not_kubernetes.html",
+                      {"cluster": cluster, "tab": "settings"},
+                      status=200 if request.method == "GET" else 400)
+    access = kubeaccess.access_for(cluster)
+    initial = {} if access.pk else kubeaccess.console_kubeconfig_cluster(cluster)
+    form = kubeaccess.KubernetesAccessForm(request.POST or None, instance=access, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        changed = kubeaccess.do_update_kubernetes_access(cluster, form, actor=request.user,
+                                                         request=request)
+        messages.success(request, f"Saved: {', '.join(changed)}." if changed
+                         else "Nothing changed.")
+        return redirect("clusterui:kubernetes_access", cluster.slug)
+    context = kubeaccess.page_context(cluster, kubeaccess.access_for(cluster),
+                                      kubeaccess.oidc_facts(), request.user)
+    return render(request, "clusterui/kubeaccess.html",
+                  {**context, "form": form, "prefilled": sorted(initial)},
+                  status=400 if form.errors else 200)
+
+
+@require_GET
+@require_role(Role.VIEWER)
+def kubeconfig_download(request, slug):
+    """The signed-in user's kubeconfig for the cluster, as a file."""
+    cluster = get_cluster_for_user(request, slug)
+    if not kubeaccess.is_kubernetes(cluster):
+        raise Http404("Not a Kubernetes cluster.")
+    config = kubeaccess.kubeconfig(kubeaccess.access_for(cluster), kubeaccess.oidc_facts(),
+                                   request.user)
+    if config is None:
+        raise Http404("No kubeconfig yet: the API server URL or the OIDC settings are missing.")
+    response = HttpResponse(kubeaccess.to_yaml(config), content_type="application/yaml")
+    response["Content-Disposition"] = f'attachment; filename="kubeconfig-{cluster.slug}.yaml"'
+    return response
 
 
 AUDIT_PAGE_SIZE = 50
