@@ -90,6 +90,10 @@ TABLE = {
                                        data={"note": "rack 12"}),
     "clusterui:join_token_revoke": Row(get=not_allowed(), post=needs(ADMINISTER, 302),
                                        public_id="join_token"),
+    # The world's cluster is not a Kubernetes cluster: the page says so (a POST changes
+    # nothing: 400) and there is no kubeconfig to download (404).
+    "clusterui:kubernetes_access": Row(get=needs(VIEW, 200), post=needs(ADMINISTER, 400)),
+    "clusterui:kubeconfig_download": Row(get=needs(VIEW, 404), post=not_allowed()),
     # nodes
     "nodes:list": Row(get=needs(VIEW, 200), post=not_allowed()),
     "nodes:detail": Row(get=needs(VIEW, 200), post=not_allowed()),
