@@ -23,11 +23,13 @@ from django.shortcuts import resolve_url
 from django.test import Client
 from django.urls import URLResolver, get_resolver, reverse
 
+from clusterui.models import KubernetesAccess
 from clusterui.roles import Role
 from clusterui.tests.factories import UserFactory
 from healthchecks.services import do_record_health_event
 from nodes.services import do_issue_join_token
 from nodes.tests.factories import GpuFactory, NodeFactory
+from repairs.models import RepairSettings
 from repairs.tests.factories import RepairFactory
 
 ANONYMOUS = "anonymous"
@@ -90,10 +92,12 @@ TABLE = {
                                        data={"note": "rack 12"}),
     "clusterui:join_token_revoke": Row(get=not_allowed(), post=needs(ADMINISTER, 302),
                                        public_id="join_token"),
-    # The world's cluster is not a Kubernetes cluster: the page says so (a POST changes
-    # nothing: 400) and there is no kubeconfig to download (404).
-    "clusterui:kubernetes_access": Row(get=needs(VIEW, 200), post=needs(ADMINISTER, 400)),
-    "clusterui:kubeconfig_download": Row(get=needs(VIEW, 404), post=not_allowed()),
+    "clusterui:kubernetes_access": Row(
+        get=needs(VIEW, 200), post=needs(ADMINISTER, 302),
+        data={"api_server_url": "https://k8s.example.com:6443", "oidc_client_id": "kubectl",
+              "oidc_scopes": "groups", "username_claim": "email", "username_prefix": "oidc:",
+              "groups_prefix": "idp:"}),
+    "clusterui:kubeconfig_download": Row(get=needs(VIEW, 200), post=not_allowed()),
     # nodes
     "nodes:list": Row(get=needs(VIEW, 200), post=not_allowed()),
     "nodes:detail": Row(get=needs(VIEW, 200), post=not_allowed()),
@@ -192,8 +196,16 @@ def quick_password_hashing(settings):
 
 @pytest.fixture
 def world(cluster, settings):
-    """One real object of each kind a URL names."""
+    """One real object of each kind a URL names. The cluster runs Kubernetes and the console
+    signs in through an IdP, so that the Kubernetes access pages have something to show."""
     settings.CLUSTERUI_METRICS_TOKEN = "metrics-token-for-tests"
+    settings.CLUSTERUI_OIDC_ISSUER = "https://idp.example.com/realms/gpu"
+    settings.CLUSTERUI_OIDC_CLIENT_ID = "clusterui"
+    settings.CLUSTERUI_OIDC_GROUPS_CLAIM = "groups"
+    settings.CLUSTERUI_OIDC_ROLE_GROUPS = {"gpu-admins": "admin", "gpu-viewers": "viewer"}
+    RepairSettings.objects.create(cluster=cluster, scheduler=RepairSettings.Scheduler.KUBERNETES)
+    KubernetesAccess.objects.create(cluster=cluster, api_server_url="https://k8s.example.com:6443",
+                                    oidc_client_id="kubectl")
     node = NodeFactory(cluster=cluster, name="gpu-0001")
     gpu = GpuFactory(node=node, index=3)
     event = do_record_health_event(node, signature="xid:79", severity="critical", gpu=gpu,
