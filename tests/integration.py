@@ -82,6 +82,31 @@ class Process:
             self.process.wait()
             self._note("killed (SIGKILL)")
 
+    def children(self):
+        """The process's children now (for a prefork Celery worker: its pool processes)."""
+        import psutil
+
+        return psutil.Process(self.pid).children() if self.running() else []
+
+    def kill_tree(self):
+        """SIGKILL the process and everything under it (a worker with its pool and the
+        commands they run), as a machine losing power would: nobody cleans up."""
+        import psutil
+
+        if not self.running():
+            return
+        descendants = psutil.Process(self.pid).children(recursive=True)
+        # The parent first, so that it cannot start new children.
+        self.process.kill()
+        for child in descendants:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+        self.process.wait()
+        psutil.wait_procs(descendants, timeout=5)
+        self._note(f"killed with its {len(descendants)} descendant(s) (SIGKILL)")
+
     def _note(self, text):
         with self.log_path.open("ab") as log:
             log.write(f"=== {time.strftime('%H:%M:%S')} {text}\n".encode())

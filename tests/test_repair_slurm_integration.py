@@ -94,10 +94,11 @@ def test_a_reboot_drains_requeues_the_running_job_reboots_and_resumes_in_slurm(s
         timeout=15, what="gpu-001 MIXED+DRAIN in Slurm")
     drained_at = time.monotonic()
     assert fields["Reason"] == f"clusterui repair #{repair.pk}"
+    # The step records its wait just after the drain; the job is left alone for the grace.
+    waiting = repair.steps.filter(kind="drain", status=StepStatus.WAITING)
+    drain = wait_until(waiting.first, timeout=10, what="the drain step waits")
+    assert "drained; waiting for 1 running job(s) to end" in drain.message
     assert (slurm.job_state(job), slurm.job_node(job)) == ("RUNNING", "gpu-001")
-    drain = repair.steps.get(kind="drain")
-    assert drain.status == StepStatus.WAITING
-    assert "waiting for 1 running job(s) to end" in drain.message
 
     # After the grace period the job is requeued and leaves gpu-001: it starts again on
     # another node at once (the step skips Slurm's requeue delay).
