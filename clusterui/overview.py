@@ -38,6 +38,13 @@ def nodes_in_acceptance(cluster):
             .values("node").distinct().count())
 
 
+def repairs_awaiting_approval(cluster):
+    from repairs.choices import Status
+    from repairs.models import Repair
+
+    return Repair.objects.filter(cluster=cluster, status=Status.PROPOSED).count()
+
+
 def usage(cluster, now=None):
     now = now or timezone.now()
     rollups = list(

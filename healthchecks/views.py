@@ -45,7 +45,7 @@ def open_events_by_signature(cluster):
 def event_list(request, slug):
     cluster = get_cluster_for_user(request, slug)
     events = HealthEvent.objects.filter(node__cluster=cluster).select_related(
-        "node", "gpu", "acknowledged_by")
+        "node", "gpu", "acknowledged_by").prefetch_related("repairs")
     event_filter = HealthEventFilter(request.GET, queryset=events)
     matching = event_filter.qs if event_filter.is_valid() else events.none()
     page = Paginator(matching, EVENTS_PAGE_SIZE).get_page(request.GET.get("page"))

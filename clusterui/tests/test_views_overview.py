@@ -162,3 +162,13 @@ def test_it_says_when_nodes_are_running_acceptance_tests(client_for, viewer, clu
         do_request_check(node, "gpu_compute", purpose="acceptance")
         do_request_check(node, "storage", purpose="acceptance")
     assert "Running acceptance tests on 2 nodes" in client_for(viewer).get(url).text
+
+
+def test_it_says_how_many_repairs_await_approval(client_for, viewer, cluster):
+    from repairs.tests.factories import RepairFactory
+
+    url = reverse("clusterui:overview", args=[cluster.slug])
+    assert "await" not in client_for(viewer).get(url).text
+    for node in NodeFactory.create_batch(2, cluster=cluster):
+        RepairFactory(node=node)
+    assert "2 repairs await approval" in client_for(viewer).get(url).text

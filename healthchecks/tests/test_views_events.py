@@ -5,6 +5,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from healthchecks.models import HealthEvent
+from healthchecks.services import do_record_health_event
 from healthchecks.views import open_events_by_signature
 from nodes.tests.factories import GpuFactory, NodeFactory
 
@@ -136,10 +137,9 @@ def test_without_open_events_the_counts_say_so(client_for, viewer, cluster, url)
     event(NodeFactory(cluster=cluster), "xid:79", closed=True)
     assert "No open health events." in client_for(viewer).get(url).text
 
-
-# Session, user, role, cluster, the count and the rows of the page, the counts by signature;
-# the whole page also lists the clusters for the switcher.
-FRAGMENT_QUERIES = 7
+# Session, user, role, cluster, the count and the rows of the page, their repairs (one
+# prefetch), the counts by signature; the whole page also lists the clusters (the switcher).
+FRAGMENT_QUERIES = 8
 PAGE_QUERIES = FRAGMENT_QUERIES + 1
 
 
@@ -175,3 +175,15 @@ def test_an_htmx_request_gets_the_table_and_the_counts_out_of_band(client_for, v
     assert 'name="period"' in page and 'name="since"' in page and 'name="until"' in page
     assert "js/health." in page  # js/health.<hash>.js with the manifest storage
 
+
+
+def test_an_events_row_links_to_its_repair(client_for, viewer, cluster):
+    from repairs.tests.factories import RepairFactory
+
+    node = NodeFactory(cluster=cluster, name="gpu-004")
+    event = do_record_health_event(node, signature="gpu_lost", severity="critical",
+                                   message="GPU 2 is lost")
+    repair = RepairFactory(node=node, signature="gpu_lost")
+    repair.events.add(event)
+    page = client_for(viewer).get(reverse("healthchecks:list", args=[cluster.slug])).text
+    assert f'href="/c/{cluster.slug}/repair/{repair.public_id}/">repair #{repair.pk}: reboot</a>' in page
