@@ -226,6 +226,8 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = not EMBEDDED
 SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", not EMBEDDED)
 # Behind a TLS-terminating proxy that already redirects, this may be turned off.
 SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", not EMBEDDED)
+# Load balancers probe /healthz over plain HTTP, and may not follow a redirect.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
