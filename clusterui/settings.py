@@ -251,6 +251,11 @@ else:
         "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
     }
     CELERY_BROKER_URL = envstr("CELERY_BROKER_URL", REDIS_URL)
+    # A task taken by a worker that died (acks_late) goes back to the queue after this long.
+    # Longer than any task may run (a repair's provider command: 600 s), or a task still
+    # running would be handed to a second worker.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": envint("CELERY_VISIBILITY_TIMEOUT_S", 1200)}
 
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

@@ -17,14 +17,14 @@ from django.utils import timezone
 from healthchecks.checks import AFTER_REBOOT_CHECKS
 from healthchecks.models import CheckRun
 from healthchecks.services import do_request_checks
-from nodes.services import do_accept_gpu_inventory, do_pause_node
+from nodes.services import do_accept_gpu_inventory, do_pause_node, offer_command_to_agent
 from nodes.states import refresh_node_state
 
 from .choices import Action, Status, StepKind, StepStatus
 from .executors import ExecutorError, NoScheduler, RetryLater
 from .live import announce_repair_change
 from .models import Repair, RepairSettings, RepairStep
-from .services import enqueue_step, settings_for
+from .services import DUE_EARLY, enqueue_step, settings_for
 from .transitions import transition
 
 RECHECK = timedelta(seconds=5)
@@ -153,6 +153,10 @@ def act_reboot(repair, step):
     if command.status in ("failed", "timed_out"):
         return Failed(f"reboot command #{command.pk} {command.get_status_display()}: "
                       f"{command.message}")
+    if command.status == "queued":
+        # Its offer went out on commit and may have been lost (a worker that died right
+        # after, a dropped message): offer it again; the agent connection sends it once.
+        offer_command_to_agent(command.pk, command.node_id)
     return Wait(f"reboot command #{command.pk} is {command.get_status_display()}")
 
 
@@ -224,7 +228,7 @@ def claim(step_id, now):
     """Mark the step running (a new attempt) if it is due; the step, or None if not."""
     due = (RepairStep.objects.filter(pk=step_id, repair__status=Status.RUNNING)
            .exclude(status__in=[StepStatus.DONE, StepStatus.FAILED])
-           .exclude(status=StepStatus.WAITING, next_check_at__gt=now))
+           .exclude(status=StepStatus.WAITING, next_check_at__gt=now + DUE_EARLY))
     step = due.select_related("repair__node__cluster", "repair__cluster").first()
     if step is None:
         return None
