@@ -174,3 +174,24 @@ class KubernetesAccess(models.Model):
     @property
     def oidc_scope_list(self):
         return self.oidc_scopes.replace(",", " ").split()
+
+
+class Identity(models.Model):
+    """Who a user is at the OpenID Connect provider: the ID token's iss and sub. Users are
+    found by these, never by email or name, which people can change at the IdP."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="oidc_identity")
+    issuer = models.CharField(max_length=255)
+    sub = models.CharField(max_length=255)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_sign_in_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name_plural = "identities"
+        constraints = [
+            models.UniqueConstraint(fields=["issuer", "sub"], name="identity_issuer_sub_unique")
+        ]
+
+    def __str__(self):
+        return f"{self.sub} at {self.issuer}"

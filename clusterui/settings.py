@@ -11,10 +11,13 @@ CLUSTERUI_MODE picks the mode:
 
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
+
+from clusterui.roles import Role
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -138,6 +141,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Before LoginRequiredMiddleware: it turns that one's redirects into HX-Redirect too.
+    "clusterui.middleware.SignInRedirectMiddleware",
     "django.contrib.auth.middleware.LoginRequiredMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
@@ -173,6 +178,121 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
+
+
+# --- Sign-in: OpenID Connect, break-glass ------------------------------------------------
+# OpenID Connect sign-in (mozilla-django-oidc) is on when CLUSTERUI_OIDC_ISSUER is set; the
+# endpoints, the client and the group -> role mapping are then required. Without it, local
+# accounts sign in on /accounts/login/ (the embedded demo). README "Sign-in" has the values
+# for Keycloak and Entra ID.
+
+
+def envendpoint(name):
+    """An IdP URL: https, or http on loopback (a provider on this machine, as in tests)."""
+    value = envstr(name)
+    if value is None:
+        return None
+    if not value.startswith(("https://", "http://127.", "http://localhost", "http://[::1]")):
+        raise ImproperlyConfigured(f"{name} must be an https:// URL, got {value!r}")
+    return value
+
+
+def parse_role_groups(name, value):
+    """'admin=platform-admins,operator=platform-oncall,viewer=ml-engineers;researchers'
+    -> {"platform-admins": "admin", "platform-oncall": "operator", ...}
+
+    Roles are separated by commas, a role's IdP groups by semicolons. A group maps to one
+    role; a user in several mapped groups gets the highest of their roles."""
+    role_names = [role.group_name for role in Role]
+    mapping, roles_seen = {}, set()
+    for entry in (part.strip() for part in value.split(",")):
+        if not entry:
+            continue
+        role, equals, groups = (part.strip() for part in entry.partition("="))
+        if not equals:
+            raise ImproperlyConfigured(f"{name}: {entry!r} is not role=group;group")
+        if role not in role_names:
+            raise ImproperlyConfigured(
+                f"{name}: unknown role {role!r} in {entry!r} (roles: {', '.join(role_names)})")
+        if role in roles_seen:
+            raise ImproperlyConfigured(
+                f"{name}: {role} is given twice; separate its groups with semicolons")
+        roles_seen.add(role)
+        for group in (g.strip() for g in groups.split(";")):
+            if not group:
+                raise ImproperlyConfigured(f"{name}: an empty group name in {entry!r}")
+            if group in mapping:
+                raise ImproperlyConfigured(
+                    f"{name}: group {group!r} is mapped to both {mapping[group]} and {role}")
+            mapping[group] = role
+    if not mapping:
+        raise ImproperlyConfigured(f"{name} maps no IdP group to a role")
+    return mapping
+
+
+CLUSTERUI_OIDC_ISSUER = envendpoint("CLUSTERUI_OIDC_ISSUER") or ""
+CLUSTERUI_OIDC_ENABLED = bool(CLUSTERUI_OIDC_ISSUER)
+OIDC_REQUIRED_VARIABLES = (
+    "CLUSTERUI_OIDC_AUTHORIZATION_ENDPOINT", "CLUSTERUI_OIDC_TOKEN_ENDPOINT",
+    "CLUSTERUI_OIDC_USERINFO_ENDPOINT", "CLUSTERUI_OIDC_JWKS_URI", "CLUSTERUI_OIDC_CLIENT_ID",
+    "CLUSTERUI_OIDC_CLIENT_SECRET", "CLUSTERUI_OIDC_ROLE_GROUPS",
+)
+if CLUSTERUI_OIDC_ENABLED:
+    for variable in OIDC_REQUIRED_VARIABLES:
+        if not envsecret(variable):
+            raise ImproperlyConfigured(
+                f"{variable} is required when CLUSTERUI_OIDC_ISSUER is set (see .env.example)")
+else:
+    # Half a configuration must not leave the console quietly on local accounts.
+    for variable in OIDC_REQUIRED_VARIABLES + ("CLUSTERUI_OIDC_END_SESSION_ENDPOINT",):
+        if envsecret(variable):
+            raise ImproperlyConfigured(
+                f"CLUSTERUI_OIDC_ISSUER is required when {variable} is set (see .env.example)")
+
+OIDC_OP_AUTHORIZATION_ENDPOINT = envendpoint("CLUSTERUI_OIDC_AUTHORIZATION_ENDPOINT")
+OIDC_OP_TOKEN_ENDPOINT = envendpoint("CLUSTERUI_OIDC_TOKEN_ENDPOINT")
+OIDC_OP_USER_ENDPOINT = envendpoint("CLUSTERUI_OIDC_USERINFO_ENDPOINT")
+OIDC_OP_JWKS_ENDPOINT = envendpoint("CLUSTERUI_OIDC_JWKS_URI")
+# Optional (Google has none): without it, sign-out ends the session here only.
+CLUSTERUI_OIDC_END_SESSION_ENDPOINT = envendpoint("CLUSTERUI_OIDC_END_SESSION_ENDPOINT") or ""
+CLUSTERUI_OIDC_CLIENT_ID = envstr("CLUSTERUI_OIDC_CLIENT_ID", "")
+OIDC_RP_CLIENT_ID = CLUSTERUI_OIDC_CLIENT_ID
+OIDC_RP_CLIENT_SECRET = envsecret("CLUSTERUI_OIDC_CLIENT_SECRET")
+OIDC_RP_SIGN_ALGO = "RS256"  # ID tokens are checked against the provider's JWKS
+OIDC_USE_PKCE = True
+OIDC_RP_SCOPES = envstr("CLUSTERUI_OIDC_SCOPES", "openid email profile")
+if "openid" not in OIDC_RP_SCOPES.split():
+    raise ImproperlyConfigured(
+        f"CLUSTERUI_OIDC_SCOPES must include openid, got {OIDC_RP_SCOPES!r}")
+OIDC_TIMEOUT = envfloat("CLUSTERUI_OIDC_TIMEOUT_S", 10.0)
+client_auth = envstr("CLUSTERUI_OIDC_CLIENT_AUTH", "client_secret_basic")
+if client_auth not in ("client_secret_basic", "client_secret_post"):
+    raise ImproperlyConfigured(
+        f"CLUSTERUI_OIDC_CLIENT_AUTH must be client_secret_basic or client_secret_post, "
+        f"got {client_auth!r}")
+OIDC_TOKEN_USE_BASIC_AUTH = client_auth == "client_secret_basic"
+# The claim that lists the user's IdP groups, and which groups give which role.
+CLUSTERUI_OIDC_GROUPS_CLAIM = envstr("CLUSTERUI_OIDC_GROUPS_CLAIM", "groups")
+CLUSTERUI_OIDC_ROLE_GROUPS = (
+    parse_role_groups("CLUSTERUI_OIDC_ROLE_GROUPS", envstr("CLUSTERUI_OIDC_ROLE_GROUPS"))
+    if CLUSTERUI_OIDC_ENABLED else {})
+# Every this many seconds a signed-in user's next page load goes by the provider again
+# (silently while their IdP session lasts), which also re-syncs their role.
+OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = envint("CLUSTERUI_OIDC_RENEW_S", 900)
+OIDC_STORE_ID_TOKEN = True  # the id_token_hint of the provider's sign-out
+OIDC_EXEMPT_URLS = ["login", "logout", "break_glass", "sign_in_failed", "signed_out"]
+LOGIN_REDIRECT_URL_FAILURE = "sign_in_failed"
+AUTHENTICATION_BACKENDS = (
+    ["clusterui.oidc.OIDCBackend"] if CLUSTERUI_OIDC_ENABLED else []
+) + ["django.contrib.auth.backends.ModelBackend"]
+# Browsers hold form-action to the redirects after a form too: sign-out (a form) ends at the
+# provider's end_session endpoint, and a form sent after the session ended at its sign-in.
+OIDC_FORM_ACTION_ORIGINS = sorted({
+    "{0.scheme}://{0.netloc}".format(urlsplit(url))
+    for url in (OIDC_OP_AUTHORIZATION_ENDPOINT, CLUSTERUI_OIDC_END_SESSION_ENDPOINT) if url
+})
+# The break-glass sign-in for local admin accounts on /accounts/break-glass/ (404 when off).
+CLUSTERUI_BREAK_GLASS = envbool("CLUSTERUI_BREAK_GLASS", True)
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = envstr("TIME_ZONE", "UTC")
@@ -213,7 +333,7 @@ CONTENT_SECURITY_POLICY = {
         "connect-src": [SELF],
         "object-src": [NONE],
         "base-uri": [SELF],
-        "form-action": [SELF],
+        "form-action": [SELF, *OIDC_FORM_ACTION_ORIGINS],
         "frame-ancestors": [NONE],
     }
 }

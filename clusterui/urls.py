@@ -1,9 +1,9 @@
-from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_not_required
 from django.urls import include, path
 
 from nodes.views import metrics
 
-from . import views
+from . import accounts, oidc, views
 
 cluster_patterns = [
     path("clusters/", views.cluster_list, name="cluster_list"),
@@ -23,9 +23,17 @@ cluster_patterns = [
 
 urlpatterns = [
     path("", views.home, name="home"),
-    path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True),
-         name="login"),
-    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # Sign-in and sign-out (clusterui/accounts.py, clusterui/oidc.py); the OIDC names are
+    # the ones mozilla-django-oidc reverses.
+    path("accounts/login/", accounts.sign_in, name="login"),
+    path("accounts/logout/", accounts.sign_out, name="logout"),
+    path("accounts/break-glass/", accounts.break_glass, name="break_glass"),
+    path("accounts/sign-in-failed/", accounts.sign_in_failed, name="sign_in_failed"),
+    path("accounts/signed-out/", accounts.signed_out, name="signed_out"),
+    path("oidc/authenticate/", login_not_required(oidc.AuthenticationRequestView.as_view()),
+         name="oidc_authentication_init"),
+    path("oidc/callback/", login_not_required(oidc.CallbackView.as_view()),
+         name="oidc_authentication_callback"),
     path("metrics", metrics, name="metrics"),
     path("healthz", views.healthz, name="healthz"),
     path("", include((cluster_patterns, "clusterui"))),

@@ -75,6 +75,14 @@ TABLE = {
     "logout": Row(get=not_allowed(), post=everyone(302)),
     "metrics": Row(get=everyone(401), post=everyone(405)),  # bearer token: see below
     "healthz": Row(get=everyone(200), post=everyone(405)),
+    # Sign-in pages (their guards: clusterui/tests/test_break_glass.py, test_oidc_views.py).
+    # An empty break-glass form is shown again with its errors; the OIDC views are 404 while
+    # OpenID Connect is off, as here.
+    "break_glass": Row(get=everyone(200), post=everyone(200)),
+    "sign_in_failed": Row(get=everyone(302), post=everyone(405)),
+    "signed_out": Row(get=everyone(200), post=everyone(405)),
+    "oidc_authentication_init": Row(get=everyone(404), post=everyone(405)),
+    "oidc_authentication_callback": Row(get=everyone(404), post=everyone(405)),
     # clusterui
     "home": Row(get=needs(VIEW, 302), post=not_allowed()),
     "clusterui:cluster_list": Row(get=needs(VIEW, 200), post=not_allowed()),

@@ -1,0 +1,150 @@
+"""Signing in and out: /accounts/login/ (the provider when OpenID Connect is on, else the
+local form), the break-glass sign-in for local admins, sign-out, and the pages that say a
+sign-in failed or that the user signed out. Every sign-in and sign-out is audited."""
+
+from urllib.parse import urlencode
+
+from django import forms
+from django.conf import settings
+from django.contrib import auth
+from django.contrib.auth import REDIRECT_FIELD_NAME, get_user_model
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.backends import ModelBackend
+from django.contrib.auth.decorators import login_not_required
+from django.http import Http404
+from django.shortcuts import redirect, render, resolve_url
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from .oidc import FAILURE_SESSION_KEY, mapped_groups_by_role, provider_logout_url
+from .roles import Role, has_role
+from .services import record_audit
+
+MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
+
+
+def safe_next(request):
+    next_url = request.POST.get(REDIRECT_FIELD_NAME) or request.GET.get(REDIRECT_FIELD_NAME, "")
+    if url_has_allowed_host_and_scheme(next_url, allowed_hosts={request.get_host()},
+                                       require_https=request.is_secure()):
+        return next_url
+    return ""
+
+
+class LocalSignInView(auth_views.LoginView):
+    """Django's sign-in form for local accounts (OpenID Connect off), audited."""
+
+    redirect_authenticated_user = True
+
+    def form_valid(self, form):
+        response = super().form_valid(form)
+        user = form.get_user()
+        record_audit(user, "user.sign_in", user, request=self.request,
+                     changes={"method": "password"})
+        return response
+
+
+local_sign_in = LocalSignInView.as_view()
+
+
+@login_not_required
+@require_http_methods(["GET", "POST"])
+def sign_in(request):
+    """With OpenID Connect on, the provider signs people in; else the local form."""
+    if not settings.CLUSTERUI_OIDC_ENABLED:
+        return local_sign_in(request)
+    next_url = safe_next(request)
+    if request.user.is_authenticated:
+        return redirect(next_url or settings.LOGIN_REDIRECT_URL)
+    query = f"?{urlencode({REDIRECT_FIELD_NAME: next_url})}" if next_url else ""
+    return redirect(reverse("oidc_authentication_init") + query)
+
+
+@require_POST
+def sign_out(request):
+    """End the session here and, with OpenID Connect, at the provider too."""
+    user = request.user
+    if settings.CLUSTERUI_OIDC_ENABLED:
+        destination = provider_logout_url(request)
+    else:
+        destination = resolve_url(settings.LOGOUT_REDIRECT_URL)
+    if user.is_authenticated:  # always, but for a session that ends as this request runs
+        at_provider = bool(settings.CLUSTERUI_OIDC_ENABLED
+                           and settings.CLUSTERUI_OIDC_END_SESSION_ENDPOINT
+                           and request.session.get("oidc_id_token"))
+        record_audit(user, "user.sign_out", user, request=request,
+                     changes={"issuer": settings.CLUSTERUI_OIDC_ISSUER or None,
+                              "at_provider": at_provider})
+        auth.logout(request)
+    return redirect(destination)
+
+
+@login_not_required
+@require_GET
+def signed_out(request):
+    at_provider = settings.CLUSTERUI_OIDC_ENABLED and bool(
+        settings.CLUSTERUI_OIDC_END_SESSION_ENDPOINT)
+    return render(request, "registration/signed_out.html", {"at_provider": at_provider})
+
+
+@login_not_required
+@require_GET
+def sign_in_failed(request):
+    failure = request.session.get(FAILURE_SESSION_KEY)
+    if failure is None:
+        return redirect(settings.LOGIN_URL)
+    context = {"failure": failure, "groups_claim": settings.CLUSTERUI_OIDC_GROUPS_CLAIM,
+               "mapped": mapped_groups_by_role()}
+    return render(request, "registration/sign_in_failed.html", context, status=403)
+
+
+class BreakGlassForm(forms.Form):
+    username = forms.CharField(label="User name", max_length=150)
+    password = forms.CharField(label="Password", strip=False, widget=forms.PasswordInput)
+
+
+def do_break_glass_sign_in(request, username, password):
+    """Sign a local admin account in with its password, auditing the attempt whatever its
+    outcome. Returns the user, or None when refused (the audit entry says why)."""
+    account = get_user_model().objects.filter(username=username).first()
+    user = ModelBackend().authenticate(request, username=username, password=password)
+    if account is None:
+        reason = "no such local account"
+    elif not account.has_usable_password():
+        reason = "no local password (signs in through the identity provider)"
+    elif not account.is_active:
+        reason = "account disabled"
+    elif user is None:
+        reason = "wrong password"
+    elif not has_role(user, Role.ADMIN):
+        reason = "not an admin"
+    else:
+        reason = ""
+    if reason:
+        # An unknown name has no row: the entry's object is the name that was tried.
+        target = account or get_user_model()(username=username)
+        record_audit(None, "user.break_glass_sign_in", target, request=request,
+                     changes={"outcome": "refused", "reason": reason, "username": username})
+        return None
+    auth.login(request, user, backend=MODEL_BACKEND)
+    record_audit(user, "user.break_glass_sign_in", user, request=request,
+                 changes={"outcome": "signed in", "username": username})
+    return user
+
+
+@login_not_required
+@require_http_methods(["GET", "POST"])
+def break_glass(request):
+    """Local admin sign-in for when the identity provider is down or misconfigured."""
+    if not settings.CLUSTERUI_BREAK_GLASS:
+        raise Http404("Break-glass sign-in is turned off (CLUSTERUI_BREAK_GLASS).")
+    form = BreakGlassForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        user = do_break_glass_sign_in(
+            request, form.cleaned_data["username"], form.cleaned_data["password"])
+        if user is not None:
+            return redirect(safe_next(request) or settings.LOGIN_REDIRECT_URL)
+        form.add_error(None, "Wrong user name or password, or not a local admin account.")
+    return render(request, "registration/break_glass.html",
+                  {"form": form, "next": safe_next(request)})
