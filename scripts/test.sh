@@ -3,7 +3,8 @@
 #
 #   PY=.venv/bin/python scripts/test.sh [pytest args]     (what `make test` runs)
 #
-# Installs what is missing from Debian (postgresql, redis-server, chromium, Slurm), starts a
+# Installs what is missing from Debian (postgresql, redis-server, chromium, Slurm, Node.js) and
+# the npm package of the sign-in tests' OpenID Connect provider, starts a
 # private PostgreSQL and Redis on free loopback ports in a temporary directory
 # (scripts/services.sh), runs collectstatic and pytest in production mode, and removes
 # everything again on exit (also when the tests fail or on Ctrl-C). Exits with pytest's status.
@@ -29,11 +30,27 @@ for program in munged slurmctld slurmd scontrol slurmdbd mariadbd; do
         break
     fi
 done
+# Node.js and npm for the sign-in tests' OpenID Connect provider (below).
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    missing+=(nodejs npm)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
     log "installing missing Debian packages: ${missing[*]}"
     as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
         "${missing[@]}"
+fi
+
+# --- The sign-in tests' OpenID Connect provider: the npm package oidc-provider ------------
+# Installed as tests/oidc/package-lock.json pins it, into OIDC_PROVIDER_DIR (read by
+# tests/oidc/provider.py); again only when the lock file changed.
+export OIDC_PROVIDER_DIR=${OIDC_PROVIDER_DIR:-$PWD/.venv/oidc-provider}
+if ! cmp -s tests/oidc/package-lock.json "$OIDC_PROVIDER_DIR/installed-package-lock.json"; then
+    log "npm ci: oidc-provider into $OIDC_PROVIDER_DIR"
+    mkdir -p "$OIDC_PROVIDER_DIR"
+    cp tests/oidc/package.json tests/oidc/package-lock.json "$OIDC_PROVIDER_DIR/"
+    (cd "$OIDC_PROVIDER_DIR" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+    cp tests/oidc/package-lock.json "$OIDC_PROVIDER_DIR/installed-package-lock.json"
 fi
 
 # --- Temporary directory, and cleanup on exit --------------------------------------------

@@ -26,10 +26,13 @@ from .browser import (
     ConsoleLog,
     DaphneServer,
     database_url,
+    free_port,
     screenshot,
     subprocess_env,
 )
 from .integration import ProcessGroup
+from .oidc.provider import OidcProvider
+from .oidc.provider import missing_requirements as oidc_missing_requirements
 from .slurm import DEBIAN_PACKAGES, SlurmCluster, missing_requirements
 
 
@@ -90,6 +93,11 @@ def page(transactional_db, daphne_server, monkeypatch, request):
     documented switch). Playwright and Chromium start and stop with each test, so no loop
     stays marked running for the tests that come after.
     """
+    yield from chromium_page(daphne_server, monkeypatch, request)
+
+
+def chromium_page(daphne_server, monkeypatch, request):
+    """The `page` fixture's body, for any daphne server."""
     from django.db import connections
     from playwright.sync_api import sync_playwright
 
@@ -121,6 +129,44 @@ def page(transactional_db, daphne_server, monkeypatch, request):
         # dropping the test database at the end of the session.
         connections.close_all()
         playwright.stop()
+
+
+@pytest.fixture(scope="session")
+def oidc_provider(django_db_setup):
+    """A real OpenID Connect provider on loopback (tests/oidc/provider.mjs: the npm package
+    oidc-provider), set up for the console that `oidc_daphne_server` starts."""
+    require_postgresql()
+    missing = oidc_missing_requirements()
+    if missing:
+        pytest.skip(f"needs a real OpenID Connect provider, and this machine lacks {missing}: "
+                    f"run it with `make test` (scripts/test.sh installs it)")
+    provider = OidcProvider(console_port=free_port(), log_path=ARTIFACTS / "oidc-provider.log")
+    yield provider.start()
+    provider.stop()
+
+
+@pytest.fixture(scope="session")
+def oidc_daphne_server(oidc_provider):
+    """A second daphne, signing people in through `oidc_provider` (CLUSTERUI_OIDC_* set),
+    against the same test database as `daphne_server`. No live publisher: the session's
+    other daphne runs that."""
+    db = require_postgresql()
+    env = subprocess_env(
+        DATABASE_URL=database_url(db),
+        SECURE_COOKIES="false",
+        CLUSTERUI_PUBLISHER="false",
+        **oidc_provider.console_env(),
+    )
+    server = DaphneServer(env=env, log_path=ARTIFACTS / "daphne-oidc.log",
+                          port=oidc_provider.console_port).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def oidc_page(transactional_db, oidc_daphne_server, monkeypatch, request):
+    """Like `page`, for the daphne that signs in through the OpenID Connect provider."""
+    yield from chromium_page(oidc_daphne_server, monkeypatch, request)
 
 
 @pytest.fixture
