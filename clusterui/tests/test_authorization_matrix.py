@@ -277,6 +277,31 @@ def test_each_url_answers_each_persona_as_the_table_says(world, name, route, met
             f"the table says {expected}")
 
 
+HTMX_CASES = [
+    pytest.param(name, route, method, id=f"{name} {method}")
+    for name, route in url_patterns(get_resolver()) if name in TABLE
+    for method in ("GET", "POST")
+    if (TABLE[name].get if method == "GET" else TABLE[name].post)[ANONYMOUS] == TO_SIGN_IN
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name, route, method", HTMX_CASES)
+def test_a_signed_out_htmx_request_is_told_to_sign_in(world, name, route, method):
+    """htmx cannot follow a redirect to the sign-in page (it would swap the page into a
+    fragment): it gets 401 and HX-Redirect, to come back to the page it was on."""
+    url = url_for(name, route, world)
+    page = "/c/prod-h200/"
+    headers = {"HX-Request": "true", "HX-Current-URL": f"http://testserver{page}"}
+    client = Client()
+    response = client.get(url, headers=headers) if method == "GET" else client.post(
+        url, TABLE[name].data, headers=headers)
+    assert response.status_code == 401, f"{method} {url}: {response.status_code}"
+    redirect = urlsplit(response["HX-Redirect"])
+    assert redirect.path == resolve_url(settings.LOGIN_URL)
+    assert f"next={page}" in redirect.query.replace("%2F", "/")
+
+
 # Exempt from sign-in: each one's own guard.
 
 
@@ -290,6 +315,22 @@ def test_metrics_wants_its_bearer_token(client, settings):
     assert right.status_code == 200
     settings.CLUSTERUI_METRICS_TOKEN = None
     assert client.get("/metrics").status_code == 404  # off until a token is set
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("started", [False, True], ids=["no sign-in started", "another state"])
+def test_the_oidc_callback_signs_no_one_in_without_the_state_it_handed_out(client, settings,
+                                                                            started):
+    from clusterui.tests.oidc import enable_oidc
+
+    enable_oidc(settings)
+    if started:
+        assert client.get(reverse("oidc_authentication_init")).status_code == 302
+    response = client.get(reverse("oidc_authentication_callback"),
+                          {"code": "stolen-code", "state": "forged-state"})
+    assert response.status_code == 302
+    assert urlsplit(response["Location"]).path == reverse("sign_in_failed")
+    assert "_auth_user_id" not in client.session
 
 
 def test_static_files_are_served_without_sign_in(client):
