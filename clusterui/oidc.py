@@ -213,9 +213,9 @@ class CallbackView(OIDCAuthenticationCallbackView):
                               "description": f"The sign-in response failed a check: {error}"})
         except requests.RequestException as error:
             logger.error("OIDC provider request failed: %s", error)
-            return self.fail({"error": "provider_unavailable",
-                              "description": "The identity provider did not answer the "
-                                             "console; the console's log says more."})
+            return self.fail({"error": "provider_request_failed",
+                              "description": "The console's request to the identity provider "
+                                             "failed; the console's log says why."})
 
     def login_success(self):
         renewal = self.request.user.is_authenticated and self.request.user == self.user

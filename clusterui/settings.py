@@ -232,23 +232,6 @@ def parse_role_groups(name, value):
 
 CLUSTERUI_OIDC_ISSUER = envendpoint("CLUSTERUI_OIDC_ISSUER") or ""
 CLUSTERUI_OIDC_ENABLED = bool(CLUSTERUI_OIDC_ISSUER)
-OIDC_REQUIRED_VARIABLES = (
-    "CLUSTERUI_OIDC_AUTHORIZATION_ENDPOINT", "CLUSTERUI_OIDC_TOKEN_ENDPOINT",
-    "CLUSTERUI_OIDC_USERINFO_ENDPOINT", "CLUSTERUI_OIDC_JWKS_URI", "CLUSTERUI_OIDC_CLIENT_ID",
-    "CLUSTERUI_OIDC_CLIENT_SECRET", "CLUSTERUI_OIDC_ROLE_GROUPS",
-)
-if CLUSTERUI_OIDC_ENABLED:
-    for variable in OIDC_REQUIRED_VARIABLES:
-        if not envsecret(variable):
-            raise ImproperlyConfigured(
-                f"{variable} is required when CLUSTERUI_OIDC_ISSUER is set (see .env.example)")
-else:
-    # Half a configuration must not leave the console quietly on local accounts.
-    for variable in OIDC_REQUIRED_VARIABLES + ("CLUSTERUI_OIDC_END_SESSION_ENDPOINT",):
-        if envsecret(variable):
-            raise ImproperlyConfigured(
-                f"CLUSTERUI_OIDC_ISSUER is required when {variable} is set (see .env.example)")
-
 OIDC_OP_AUTHORIZATION_ENDPOINT = envendpoint("CLUSTERUI_OIDC_AUTHORIZATION_ENDPOINT")
 OIDC_OP_TOKEN_ENDPOINT = envendpoint("CLUSTERUI_OIDC_TOKEN_ENDPOINT")
 OIDC_OP_USER_ENDPOINT = envendpoint("CLUSTERUI_OIDC_USERINFO_ENDPOINT")
@@ -258,6 +241,25 @@ CLUSTERUI_OIDC_END_SESSION_ENDPOINT = envendpoint("CLUSTERUI_OIDC_END_SESSION_EN
 CLUSTERUI_OIDC_CLIENT_ID = envstr("CLUSTERUI_OIDC_CLIENT_ID", "")
 OIDC_RP_CLIENT_ID = CLUSTERUI_OIDC_CLIENT_ID
 OIDC_RP_CLIENT_SECRET = envsecret("CLUSTERUI_OIDC_CLIENT_SECRET")
+role_groups = envstr("CLUSTERUI_OIDC_ROLE_GROUPS")
+oidc_required = {
+    "CLUSTERUI_OIDC_AUTHORIZATION_ENDPOINT": OIDC_OP_AUTHORIZATION_ENDPOINT,
+    "CLUSTERUI_OIDC_TOKEN_ENDPOINT": OIDC_OP_TOKEN_ENDPOINT,
+    "CLUSTERUI_OIDC_USERINFO_ENDPOINT": OIDC_OP_USER_ENDPOINT,
+    "CLUSTERUI_OIDC_JWKS_URI": OIDC_OP_JWKS_ENDPOINT,
+    "CLUSTERUI_OIDC_CLIENT_ID": CLUSTERUI_OIDC_CLIENT_ID,
+    "CLUSTERUI_OIDC_CLIENT_SECRET": OIDC_RP_CLIENT_SECRET,
+    "CLUSTERUI_OIDC_ROLE_GROUPS": role_groups,
+}
+oidc_optional = {"CLUSTERUI_OIDC_END_SESSION_ENDPOINT": CLUSTERUI_OIDC_END_SESSION_ENDPOINT}
+for variable, value in {**oidc_required, **oidc_optional}.items():
+    if CLUSTERUI_OIDC_ENABLED and not value and variable in oidc_required:
+        raise ImproperlyConfigured(
+            f"{variable} is required when CLUSTERUI_OIDC_ISSUER is set (see .env.example)")
+    # Half a configuration must not leave the console quietly on local accounts.
+    if not CLUSTERUI_OIDC_ENABLED and value:
+        raise ImproperlyConfigured(
+            f"CLUSTERUI_OIDC_ISSUER is required when {variable} is set (see .env.example)")
 OIDC_RP_SIGN_ALGO = "RS256"  # ID tokens are checked against the provider's JWKS
 OIDC_USE_PKCE = True
 OIDC_RP_SCOPES = envstr("CLUSTERUI_OIDC_SCOPES", "openid email profile")
@@ -274,8 +276,8 @@ OIDC_TOKEN_USE_BASIC_AUTH = client_auth == "client_secret_basic"
 # The claim that lists the user's IdP groups, and which groups give which role.
 CLUSTERUI_OIDC_GROUPS_CLAIM = envstr("CLUSTERUI_OIDC_GROUPS_CLAIM", "groups")
 CLUSTERUI_OIDC_ROLE_GROUPS = (
-    parse_role_groups("CLUSTERUI_OIDC_ROLE_GROUPS", envstr("CLUSTERUI_OIDC_ROLE_GROUPS"))
-    if CLUSTERUI_OIDC_ENABLED else {})
+    parse_role_groups("CLUSTERUI_OIDC_ROLE_GROUPS", role_groups) if CLUSTERUI_OIDC_ENABLED
+    else {})
 # Every this many seconds a signed-in user's next page load goes by the provider again
 # (silently while their IdP session lasts), which also re-syncs their role.
 OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = envint("CLUSTERUI_OIDC_RENEW_S", 900)

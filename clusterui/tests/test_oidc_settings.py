@@ -100,6 +100,9 @@ def test_oidc_variables_without_the_issuer_stop_start_up():
     assert result.returncode != 0
     assert "CLUSTERUI_OIDC_ISSUER is required when CLUSTERUI_OIDC_AUTHORIZATION_ENDPOINT" in (
         result.stderr)
+    result = load_settings(CLUSTERUI_OIDC_END_SESSION_ENDPOINT="https://idp.example.com/end")
+    assert "CLUSTERUI_OIDC_ISSUER is required when CLUSTERUI_OIDC_END_SESSION_ENDPOINT" in (
+        result.stderr)
 
 
 @pytest.mark.parametrize("variable, value, message", [
