@@ -9,9 +9,15 @@ django_asgi_app = get_asgi_application()
 
 from nodes.routing import websocket_urlpatterns  # noqa: E402
 
+from clusterui import gc_tuning  # noqa: E402
+
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
         "websocket": URLRouter(websocket_urlpatterns),
     }
 )
+
+# Last: what the server loaded so far lives as long as the process, and is frozen
+# (clusterui/gc_tuning.py: full collections stopped the event loop for up to 400 ms).
+gc_tuning.apply()
