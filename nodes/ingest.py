@@ -21,6 +21,8 @@ from healthchecks.services import (
     unfinished_run_ids,
 )
 
+from clusterui.services import record_audit
+
 from .models import AgentEventReceipt, AgentToken, Node
 from .services import (
     do_finish_reboots_after_hello,
@@ -83,6 +85,7 @@ def accept_hello(grant, frame, now=None):
         if node is not None and not token.cluster.allow_rejoin:
             return HelloOutcome(close_code=4403,
                                 reason=f"node {node.name} exists and re-join is off")
+        action = "node.join" if node is None else "node.rejoin"
         if node is None:
             node = do_register_node(token.cluster, frame["node"], now=now)
         else:
@@ -90,6 +93,8 @@ def accept_hello(grant, frame, now=None):
                 joined_at=now, acceptance_required=token.cluster.acceptance_tests_enabled)
             note_on_timeline(node, "re-joined with a join token", now=now)
         node_token = do_issue_node_token(node, now=now)
+        record_audit(None, action, node, cluster=token.cluster, now=now,
+                     changes={"join_token": token.prefix, "boot_id": frame["boot_id"]})
     rebooted = frame["boot_id"] != node.boot_id
     do_record_hello(node, boot_id=frame["boot_id"], agent_version=frame["agent_version"],
                     gpus=frame["gpus"], now=now)

@@ -102,7 +102,8 @@ def test_a_recommendation_appears_live_and_one_click_approves_it(page, console):
     expect(page.locator("#repair-awaiting")).to_contain_text("No repair awaits approval")
     # The socket opening and its first summary count as changes (live.js): the tab refreshes.
     # Let that be over, so that what follows can only come from "repair.changed".
-    page.wait_for_function("window.clusterChanges >= 1")
+    # Read through page.evaluate (DevTools), not wait_for_function: the page's CSP forbids eval.
+    wait_until(page, lambda: page.evaluate("window.clusterChanges || 0") >= 1)
     wait_until(page, lambda: fragments)
     refreshes_before = quiet_count(page, fragments)
 

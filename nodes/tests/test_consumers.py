@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from clusterui.asgi import application
+from clusterui.models import AuditEntry
 from healthchecks.models import HealthEvent
 from nodes.models import AgentToken, Node, NodeTransition
 from nodes.services import do_issue_join_token, do_revoke_agent_token
@@ -108,6 +109,10 @@ async def test_a_join_registers_the_node_and_hands_it_a_node_token(join_token):
     stored = await database_sync_to_async(list)(AgentToken.objects.values_list("token_hash",
                                                                                 flat=True))
     assert all(len(h) == 64 and not h.startswith("cu") for h in stored)  # hashed
+    [entry] = await database_sync_to_async(list)(AuditEntry.objects.filter(action="node.join"))
+    assert entry.actor_name == "system" and entry.object_repr == "gpu-001"
+    assert entry.changes == {"join_token": join_token[:len(entry.changes["join_token"])],
+                             "boot_id": "boot-1"}
 
 
 async def test_a_second_hello_on_the_same_connection_gets_a_welcome_too(join_token):
