@@ -24,13 +24,11 @@ records into it and the Xid watcher reads them through the same parser."""
 import errno
 import logging
 import os
-import queue
 import re
 import select
-import threading
 import time
 
-from agent.detectors.xid import XidSignal
+from agent.detectors.xid import XidSignal, XidSource
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +68,13 @@ def parse_xid_line(line, source):
     )
 
 
-class KmsgReader:
+class KmsgReader(XidSource):
+    thread_name = "kmsg-xid"
     source = "kmsg"
 
     def __init__(self, path=KMSG_PATH):
         self.path = path
-        self._signals = queue.SimpleQueue()
-        self._stopping = threading.Event()
-        self._thread = None
+        super().__init__()
         self._fd = None
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -101,23 +98,8 @@ class KmsgReader:
     def available(self):
         return self._fd is not None
 
-    def start(self):
-        if self._fd is not None:
-            self._thread = threading.Thread(target=self._run, name="kmsg-xid", daemon=True)
-            self._thread.start()
-
-    def take_signals(self):
-        signals = []
-        while True:
-            try:
-                signals.append(self._signals.get_nowait())
-            except queue.Empty:
-                return signals
-
     def close(self):
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._stop_thread()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

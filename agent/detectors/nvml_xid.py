@@ -8,10 +8,8 @@ the lost GPU once, and so does nothing here."""
 
 import ctypes
 import logging
-import queue
-import threading
 
-from agent.detectors.xid import XidSignal
+from agent.detectors.xid import XidSignal, XidSource
 
 log = logging.getLogger(__name__)
 
@@ -25,15 +23,14 @@ def handle_address(handle):
     return ctypes.cast(handle, ctypes.c_void_p).value
 
 
-class NvmlXidEvents:
+class NvmlXidEvents(XidSource):
+    thread_name = "nvml-xid"
     source = "nvml"
 
     def __init__(self, nvml, gpus):
         """nvml: the pynvml module; gpus: [(uuid, handle)]."""
         self._nvml = nvml
-        self._signals = queue.SimpleQueue()
-        self._stopping = threading.Event()
-        self._thread = None
+        super().__init__()
         self._event_set = None
         self._uuid_by_address = {}
         try:
@@ -70,23 +67,8 @@ class NvmlXidEvents:
     def available(self):
         return self._event_set is not None
 
-    def start(self):
-        if self._event_set is not None:
-            self._thread = threading.Thread(target=self._run, name="nvml-xid", daemon=True)
-            self._thread.start()
-
-    def take_signals(self):
-        signals = []
-        while True:
-            try:
-                signals.append(self._signals.get_nowait())
-            except queue.Empty:
-                return signals
-
     def close(self):
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._stop_thread()
         if self._event_set is not None:
             try:
                 self._nvml.nvmlEventSetFree(self._event_set)

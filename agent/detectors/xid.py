@@ -16,6 +16,8 @@ Each source hands over XidSignals. The watcher groups them by (GPU, code) into b
 Severity is always "critical": the server sets an Xid's severity from NVIDIA's catalog.
 The message is the catalog's description of the code (agent/fixtures/xid_catalog.tsv)."""
 
+import queue
+import threading
 import time
 from dataclasses import dataclass, field
 from importlib import resources
@@ -23,6 +25,37 @@ from importlib import resources
 from agent.protocol import event_frame
 
 WINDOW_S = 10.0
+
+
+class XidSource:
+    """What the two Xid sources share: a daemon thread (`_run`, named `thread_name`) that
+    puts XidSignals on a queue until `_stopping` is set, and take_signals() to drain it.
+    A subclass sets `available` and calls _stop_thread() from its close()."""
+
+    thread_name = "xid"
+
+    def __init__(self):
+        self._signals = queue.SimpleQueue()
+        self._stopping = threading.Event()
+        self._thread = None
+
+    def start(self):
+        if self.available:
+            self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+            self._thread.start()
+
+    def take_signals(self):
+        signals = []
+        while True:
+            try:
+                signals.append(self._signals.get_nowait())
+            except queue.Empty:
+                return signals
+
+    def _stop_thread(self):
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
 
 
 @dataclass(frozen=True)
