@@ -131,6 +131,7 @@ INSTALLED_APPS = [
     "clusterui",
     "nodes",
     "healthchecks",
+    "jobs",
     "repairs",
 ]
 
@@ -392,7 +393,11 @@ CELERY_BEAT_SCHEDULE = {
     "expire-check-runs": {"task": "healthchecks.tasks.expire_check_runs", "schedule": 30.0},
     "expire-agent-commands": {"task": "nodes.tasks.expire_commands", "schedule": 30.0},
     "advance-repairs": {"task": "repairs.tasks.advance_repairs", "schedule": 5.0},
+    "import-jobs": {"task": "jobs.tasks.import_jobs", "schedule": 60.0},
 }
+
+# The first job import of a cluster reads this many days of Slurm's accounting.
+CLUSTERUI_JOBS_BACKFILL_DAYS = envint("CLUSTERUI_JOBS_BACKFILL_DAYS", 30)
 
 # Node state timing (DESIGN.md "Node states").
 CLUSTERUI_BOOT_WINDOW_S = envint("CLUSTERUI_BOOT_WINDOW_S", 120)

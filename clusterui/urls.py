@@ -40,4 +40,5 @@ urlpatterns = [
     path("c/<slug:slug>/nodes/", include("nodes.urls")),
     path("c/<slug:slug>/health/", include("healthchecks.urls")),
     path("c/<slug:slug>/repair/", include("repairs.urls")),
+    path("c/<slug:slug>/jobs/", include("jobs.urls")),
 ]

@@ -1,0 +1,129 @@
+"""Read jobs from Slurm's accounting: run sacct for a time window and parse its parsable
+output into SacctJob records.
+
+    run_sacct(slurm_conf, since, until)   # text; ExecutorError on failure or timeout
+    parse_sacct(text)                     # [SacctJob(job_id="41", gpus=2, ...)]
+"""
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from repairs.executors import ExecutorError
+from repairs.executors.slurm import gpus_from_tres
+
+SACCT_FIELDS = ("JobID", "JobName", "User", "Account", "Partition", "NodeList", "AllocTRES",
+                "Start", "End", "State", "ExitCode", "Elapsed")
+SACCT_TIMEOUT_S = 60
+# sacct reads and prints times in this format; TZ=UTC makes them UTC.
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
+
+
+@dataclass(frozen=True)
+class SacctJob:
+    job_id: str
+    name: str
+    user: str
+    account: str
+    partition: str
+    node_list: str
+    nodes: tuple
+    gpus: int
+    start: datetime | None
+    end: datetime | None
+    state: str
+    exit_code: str
+    elapsed_s: int
+
+
+def run_sacct(slurm_conf, since, until, timeout_s=SACCT_TIMEOUT_S):
+    """sacct's lines for every job (allocations only, -X) of every user that was pending,
+    running or ended in [since, until]."""
+    argv = ["sacct", "-a", "-X", "-P", "-n", f"--format={','.join(SACCT_FIELDS)}",
+            "-S", since.astimezone(timezone.utc).strftime(TIME_FORMAT),
+            "-E", until.astimezone(timezone.utc).strftime(TIME_FORMAT)]
+    env = {**os.environ, "TZ": "UTC", "SLURM_TIME_FORMAT": TIME_FORMAT}
+    if slurm_conf:
+        env["SLURM_CONF"] = str(slurm_conf)
+    command = " ".join(argv)
+    try:
+        result = subprocess.run(argv, env=env, capture_output=True, text=True,
+                                timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        raise ExecutorError(f"{command}: no answer within {timeout_s:g} s") from exc
+    except OSError as exc:
+        raise ExecutorError(f"{command}: cannot run: {exc}") from exc
+    if result.returncode != 0:
+        tail = (result.stderr.strip() or result.stdout.strip())[-500:]
+        raise ExecutorError(f"{command} exited with status {result.returncode}: {tail}")
+    # Without slurmdbd sacct says so on stderr and exits 0: that is no accounting, not
+    # "no jobs", and must not move the cursor.
+    if "accounting storage is disabled" in result.stderr:
+        raise ExecutorError(f"{command}: {result.stderr.strip()[-500:]}")
+    return result.stdout
+
+
+def parse_sacct(text):
+    """SacctJob records from `sacct -P -n --format=<SACCT_FIELDS>` output."""
+    jobs = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        # The job name may itself hold "|": the id is first, the other ten fields last.
+        job_id, rest = line.split("|", 1)
+        parts = rest.rsplit("|", len(SACCT_FIELDS) - 2)
+        if len(parts) != len(SACCT_FIELDS) - 1:
+            raise ValueError(f"sacct line with {len(parts) + 1} fields: {line!r}")
+        name, user, account, partition, node_list, tres, start, end, state, exit_code, elapsed = parts
+        node_list = "" if node_list == "None assigned" else node_list
+        jobs.append(SacctJob(
+            job_id=job_id, name=name, user=user, account=account, partition=partition,
+            node_list=node_list, nodes=tuple(expand_hostlist(node_list)),
+            gpus=gpus_from_tres(tres), start=parse_time(start), end=parse_time(end),
+            state=state, exit_code=exit_code, elapsed_s=parse_elapsed(elapsed),
+        ))
+    return jobs
+
+
+def parse_time(text):
+    """A sacct time (UTC, TIME_FORMAT) as an aware datetime; None for Unknown/None."""
+    try:
+        return datetime.strptime(text, TIME_FORMAT).replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+
+
+def parse_elapsed(text):
+    """sacct's Elapsed ("00:00:09", "1-02:03:04") in seconds."""
+    days, _, clock = text.strip().rpartition("-")
+    seconds = 0
+    for part in clock.split(":"):
+        seconds = seconds * 60 + int(part)
+    return (int(days) if days else 0) * 86400 + seconds
+
+
+_HOSTLIST_ITEM = re.compile(r"([^,\[]+)(?:\[([^\]]*)\])?([^,\[]*)")
+
+
+def expand_hostlist(text):
+    """Slurm's compressed host list as names: "gpu-[001-002,004],login1" ->
+    gpu-001, gpu-002, gpu-004, login1 (zero padding kept)."""
+    names = []
+    position = 0
+    while position < len(text):
+        match = _HOSTLIST_ITEM.match(text, position)
+        if match is None:
+            raise ValueError(f"cannot read the host list {text!r}")
+        prefix, ranges, suffix = match.groups()
+        if ranges is None:
+            names.append(prefix + suffix)
+        else:
+            for item in ranges.split(","):
+                low, _, high = item.partition("-")
+                width = len(low)
+                for number in range(int(low), int(high or low) + 1):
+                    names.append(f"{prefix}{number:0{width}d}{suffix}")
+        position = match.end() + 1  # past the comma
+    return names

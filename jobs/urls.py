@@ -1,0 +1,10 @@
+from django.urls import path
+
+from . import views
+
+app_name = "jobs"
+
+urlpatterns = [
+    path("", views.job_list, name="list"),
+    path("export.csv", views.job_csv, name="csv"),
+]
