@@ -162,7 +162,7 @@ def print_once(config, backend, boot_id):
         driver_version=backend.driver_version,
         cuda_version=backend.cuda_version,
         gpus=backend.gpus(),
-        slurm=host.slurm_status(config.node_name),
+        slurm=None if config.simulate else host.slurm_status(config.node_name),
     )
     sample = protocol.sample_frame(seq=0, gpus=backend.read_gpus(), node=node_metrics.read())
     print(protocol.encode(hello))
@@ -196,6 +196,7 @@ def run_agent(config, backend, boot_id):
         outbox=outbox,
         watchers=watchers,
         check_runner=make_check_runner(config, backend),
+        read_slurm=host.no_slurm if config.simulate else host.slurm_status,
         command_handler=make_command_handler(config, backend),
         sample_interval_s=config.sample_interval_s,
     )

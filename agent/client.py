@@ -63,6 +63,7 @@ class AgentClient:
         outbox,
         watchers=(),
         check_runner=None,
+        read_slurm=host.slurm_status,
         command_handler=None,
         sample_interval_s=1.0,
         backoff_base_s=BACKOFF_BASE_S,
@@ -84,6 +85,7 @@ class AgentClient:
         self._outbox = outbox
         self._watchers = list(watchers)
         self._check_runner = check_runner
+        self._read_slurm = read_slurm  # the hello's `slurm`; simulated nodes run no Slurm
         self._check_tasks = {}  # run_id -> the task running it
         # check_result and command_result frames that came while disconnected
         self._unsent_results = []
@@ -235,7 +237,7 @@ class AgentClient:
     async def _serve(self, ws):
         """hello, welcome, resend the outbox, then answer the server until it closes."""
         gpus = self._backend.gpus()
-        slurm = await asyncio.to_thread(host.slurm_status, self.node_name)
+        slurm = await asyncio.to_thread(self._read_slurm, self.node_name)
         hello = protocol.hello_frame(
             node=self.node_name,
             boot_id=self.boot_id,

@@ -86,7 +86,7 @@ def build_client(name, args):
         boot_id=host.simulated_boot_id(state_dir), state_dir=state_dir, backend=backend,
         node_metrics=SimulatedNodeMetrics(backend, phase=zlib.crc32(name.encode()) % 360),
         outbox=outbox, watchers=make_watchers(Config(node_name=name), backend),
-        check_runner=SimulatedCheckRunner(backend, state_dir),
+        check_runner=SimulatedCheckRunner(backend, state_dir), read_slurm=host.no_slurm,
         command_handler=SimulatedReboot(backend, state_dir, boot_s=args.simulated_boot),
         sample_interval_s=args.sample_interval,
     )

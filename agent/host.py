@@ -93,6 +93,11 @@ def slurm_status(node_name):
         return None
 
 
+def no_slurm(node_name):
+    """A simulated node's `slurm`: it runs no Slurm, even where this machine has scontrol."""
+    return None
+
+
 def parse_scontrol_line(line):
     """The key=value fields of one `scontrol show node -o` line. A value runs to the next
     key, so a Reason with spaces in it stays whole."""

@@ -385,15 +385,23 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+
+def every(seconds, task):
+    """A beat entry whose message expires when the next one is due: a worker that fell behind
+    runs the latest, not a backlog of them, and a repair step is not queued behind a pile."""
+    return {"task": task, "schedule": seconds, "options": {"expires": seconds}}
+
+
 CELERY_BEAT_SCHEDULE = {
-    "refresh-node-states": {"task": "nodes.tasks.refresh_due_node_states", "schedule": 10.0},
-    "sweep-heartbeats": {"task": "nodes.tasks.sweep_heartbeats", "schedule": 1.0},
-    "prune-rollups": {"task": "nodes.tasks.prune_rollups", "schedule": 3600.0},
-    "sweep-health-events": {"task": "healthchecks.tasks.sweep_health_events", "schedule": 60.0},
-    "expire-check-runs": {"task": "healthchecks.tasks.expire_check_runs", "schedule": 30.0},
-    "expire-agent-commands": {"task": "nodes.tasks.expire_commands", "schedule": 30.0},
-    "advance-repairs": {"task": "repairs.tasks.advance_repairs", "schedule": 5.0},
-    "import-jobs": {"task": "jobs.tasks.import_jobs", "schedule": 60.0},
+    "refresh-node-states": every(10.0, "nodes.tasks.refresh_due_node_states"),
+    "sweep-heartbeats": every(1.0, "nodes.tasks.sweep_heartbeats"),
+    "prune-rollups": every(3600.0, "nodes.tasks.prune_rollups"),
+    "sweep-health-events": every(60.0, "healthchecks.tasks.sweep_health_events"),
+    "expire-check-runs": every(30.0, "healthchecks.tasks.expire_check_runs"),
+    "expire-agent-commands": every(30.0, "nodes.tasks.expire_commands"),
+    "advance-repairs": every(5.0, "repairs.tasks.advance_repairs"),
+    "import-jobs": every(60.0, "jobs.tasks.import_jobs"),
 }
 
 # The first job import of a cluster reads this many days of Slurm's accounting.

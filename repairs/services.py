@@ -23,6 +23,9 @@ RESOLVE_AFTER = timedelta(minutes=5)
 # A step due within this much of a beat tick runs at that tick: a step that asks to be
 # looked at again in 5 s must not miss the tick 5 s later by a few milliseconds.
 DUE_EARLY = timedelta(seconds=1)
+# A next step is enqueued when the one before it ends; one still pending this long after
+# has lost its message (a broker restart) and the beat enqueues it again.
+PENDING_STALLS_AFTER = timedelta(minutes=1)
 
 
 class RepairRefused(Exception):
@@ -246,12 +249,22 @@ def start_waiting_repairs(now=None):
 
 
 def due_steps(now=None):
-    """Beat: ids of the waiting steps whose next check has come."""
+    """Beat: ids of the steps to run now: waiting steps whose next check has come, and a
+    next step still pending a minute after the one before it ended (its enqueue was lost)."""
     now = now or timezone.now()
-    return list(RepairStep.objects.filter(
+    due = list(RepairStep.objects.filter(
         status=StepStatus.WAITING, next_check_at__lte=now + DUE_EARLY,
         repair__status=Status.RUNNING,
     ).values_list("pk", flat=True))
+    for repair in Repair.objects.filter(status=Status.RUNNING).prefetch_related("steps"):
+        steps = sorted(repair.steps.all(), key=lambda step: step.position)
+        current = next((step for step in steps if step.status != StepStatus.DONE), None)
+        if current is None or current.status != StepStatus.PENDING:
+            continue
+        ended = [step.finished_at for step in steps if step.finished_at] or [repair.started_at]
+        if max(ended) <= now - PENDING_STALLS_AFTER:
+            due.append(current.pk)
+    return due
 
 
 # Settings and policy: admins' changes, each audited.

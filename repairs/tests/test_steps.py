@@ -180,3 +180,12 @@ def test_an_xid_79_repair_recommended_approved_and_verified_closes_the_xid(node,
     xid.refresh_from_db()
     assert not xid.is_open and xid.closed_reason.startswith("rebooted and passed")
     assert not HealthEvent.objects.open().filter(node=node).exists()
+
+
+def test_a_step_whose_enqueue_was_lost_is_run_by_the_beat(node, operator, enqueued):
+    repair = do_approve_repair(
+        do_propose_repair(node, action="remove", actor=operator, reason="RMA"), actor=operator)
+    enqueued.clear()  # the message for the first step never reached a worker
+    assert steps.run_due_steps(now=timezone.now() + timedelta(seconds=30)) == 0
+    assert steps.run_due_steps(now=timezone.now() + timedelta(seconds=61)) == 1
+    assert enqueued == [repair.steps.get(position=0).pk]
