@@ -182,8 +182,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if outcome.node_token is not None:
             welcome["node_token"] = outcome.node_token
         await self.send_frame(welcome)
-        await self.send_frame({"type": "config", "sample_interval_s": ingest.sample_interval_s(),
-                               "startup_scripts": []})
+        await self.send_frame(await database_sync_to_async(ingest.config_frame)(self.node_id))
         await self.send_run_checks()
         await self.send_commands()
 
@@ -246,8 +245,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.send_frame(frame)
 
     async def on_script_result(self, frame):
-        logger.info("node %s: script_result for script %s, no such script", self.node_id,
-                    frame["script_id"])
+        await database_sync_to_async(ingest.record_script_result)(self.node_id, frame)
+
+    async def config_changed(self, message):
+        """An admin saved a startup script (nodes.scripts.announce_scripts_changed)."""
+        if self.node_id is None or self.closed:
+            return
+        await self.send_frame(await database_sync_to_async(ingest.config_frame)(self.node_id))
 
 
 class LiveClusterConsumer(AsyncWebsocketConsumer):

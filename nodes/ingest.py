@@ -34,6 +34,7 @@ from .services import (
     find_usable_token,
     unfinished_command_ids,
 )
+from .scripts import config_frame_for, do_hold_for_boot_scripts, do_record_script_run
 from .states import note_on_timeline
 
 
@@ -99,6 +100,7 @@ def accept_hello(grant, frame, now=None):
     do_record_hello(node, boot_id=frame["boot_id"], agent_version=frame["agent_version"],
                     gpus=frame["gpus"], now=now)
     start_checks_after_hello(node, rebooted=rebooted, now=now)
+    do_hold_for_boot_scripts(node, rebooted=rebooted, now=now)
     return HelloOutcome(node_id=node.pk, cluster_id=node.cluster_id, node_token=node_token)
 
 
@@ -177,3 +179,14 @@ def record_command_result(node_id, frame, now=None):
     command = do_record_command_result(node, command_id=frame["id"], status=frame["status"],
                                        message=frame.get("message") or "", now=now)
     return command is not None
+
+
+def config_frame(node_id):
+    """The `config` frame for the node: its cluster's startup scripts for its role."""
+    return config_frame_for(node_id, sample_interval_s())
+
+
+def record_script_result(node_id, frame, now=None):
+    """Store a script_result frame (nodes.scripts.do_record_script_run)."""
+    node = Node.objects.select_related("cluster").get(pk=node_id)
+    return do_record_script_run(node, frame, now=now)

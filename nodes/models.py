@@ -42,6 +42,14 @@ class Node(models.Model):
     paused = models.BooleanField(default=False)
     paused_reason = models.CharField(max_length=255, blank=True)
 
+    boot_scripts_due_by = models.DateTimeField(
+        null=True, blank=True,
+        help_text="boot startup scripts hold the node booting until their results, or this",
+    )
+    role = models.CharField(
+        max_length=16, default="worker", help_text="picks its startup scripts: worker, login or "
+        "controller (nodes.script_models.NodeRole)")
+
     boot_id = models.CharField(max_length=64, blank=True)
     agent_version = models.CharField(max_length=32, blank=True)
     last_seen = models.DateTimeField(null=True, blank=True)
@@ -312,3 +320,6 @@ class PublisherStatus(models.Model):
 
     class Meta:
         verbose_name_plural = "publisher status"
+
+
+from .script_models import ScriptRun, StartupScript, StartupScriptVersion  # noqa: E402,F401

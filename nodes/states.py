@@ -177,7 +177,11 @@ def refresh_due_node_states(now=None):
     due = Node.objects.filter(
         state=NodeState.BOOTING, boot_tasks_running=False, booted_at__lte=now - boot_window()
     )
-    return sum(refresh_node_state(node, reason="boot window ended", now=now) for node in due)
+    from .scripts import do_end_overdue_boot_holds
+
+    changed = do_end_overdue_boot_holds(now=now)
+    return changed + sum(refresh_node_state(node, reason="boot window ended", now=now)
+                         for node in due)
 
 
 def note_on_timeline(node, reason, *, actor=None, now=None):

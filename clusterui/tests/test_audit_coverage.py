@@ -66,6 +66,8 @@ AUDITED = {
     "nodes:resume": Audited("node.resume", "nodes.node", setup=pause_the_node),
     "nodes:accept_gpu_inventory": Audited("node.accept_gpu_inventory", "nodes.node",
                                           setup=replace_a_gpu),
+    "scripts:edit": Audited("startupscript.save", "nodes.startupscript"),
+    "scripts:roll_back": Audited("startupscript.rollback", "nodes.startupscript"),
     "healthchecks:run": Audited("checkrun.request", "healthchecks.checkrun"),
     "healthchecks:acknowledge": Audited("healthevent.acknowledge", "healthchecks.healthevent"),
     "healthchecks:resolve": Audited("healthevent.resolve", "healthchecks.healthevent"),

@@ -27,6 +27,7 @@ from clusterui.models import KubernetesAccess
 from clusterui.roles import Role
 from clusterui.tests.factories import UserFactory
 from healthchecks.services import do_record_health_event
+from nodes.scripts import Validation, do_save_startup_script
 from nodes.services import do_issue_join_token
 from nodes.tests.factories import GpuFactory, NodeFactory
 from repairs.models import RepairSettings
@@ -112,6 +113,12 @@ TABLE = {
     "nodes:pause": Row(get=not_allowed(), post=needs(OPERATE, 302), data={"reason": "reseat"}),
     "nodes:resume": Row(get=not_allowed(), post=needs(OPERATE, 302)),
     "nodes:accept_gpu_inventory": Row(get=not_allowed(), post=needs(OPERATE, 302)),
+    # startup scripts (nodes/script_views.py)
+    "scripts:list": Row(get=needs(VIEW, 200), post=not_allowed()),
+    "scripts:edit": Row(get=needs(VIEW, 200), post=needs(ADMINISTER, 302),
+                        data={"body": "#!/bin/bash\necho ready\n", "timeout_s": 60}),
+    "scripts:versions": Row(get=needs(VIEW, 200), post=not_allowed()),
+    "scripts:roll_back": Row(get=not_allowed(), post=needs(ADMINISTER, 302)),
     # healthchecks
     "healthchecks:list": Row(get=needs(VIEW, 200), post=not_allowed()),
     "healthchecks:runs": Row(get=needs(VIEW, 200), post=not_allowed()),
@@ -223,8 +230,12 @@ def world(cluster, settings):
                                    message="GPU has fallen off the bus")
     repair = RepairFactory(node=NodeFactory(cluster=cluster, name="gpu-0002"))
     join_token, _ = do_issue_join_token(cluster, note="rack 12")
+    for body in ("#!/bin/bash\ntrue\n", "#!/bin/bash\necho up\n"):
+        do_save_startup_script(cluster, event="node_boot", role="worker", body=body,
+                               timeout_s=60, validation=Validation())
     return {"slug": cluster.slug, "name": node.name, "event": event.public_id,
-            "repair": repair.public_id, "join_token": join_token.public_id}
+            "repair": repair.public_id, "join_token": join_token.public_id,
+            "lifecycle": "node_boot", "role": "worker", "number": 1}
 
 
 def url_for(name, route, world):
