@@ -1,8 +1,21 @@
+import re
+
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, URLValidator
 from django.db import models
 from django.urls import reverse
 from django.utils import timezone
+
+# The placeholders of Cluster.ssh_command_template (nodes/views.py ssh_command fills them).
+SSH_PLACEHOLDER = re.compile(r"\{(user|node|hostname|login)\}")
+
+
+def validate_ssh_command_template(value):
+    unknown = re.findall(r"\{[^{}]*\}", SSH_PLACEHOLDER.sub("", value))
+    if unknown:
+        raise ValidationError(f"Unknown placeholder {unknown[0]}: use {{user}}, {{node}}, "
+                              f"{{hostname}} or {{login}}.")
 
 
 class Cluster(models.Model):
@@ -27,6 +40,14 @@ class Cluster(models.Model):
     allow_rejoin = models.BooleanField(
         "let a join token re-register an existing node name (a reprovisioned node)", default=True
     )
+    ssh_login_host = models.CharField(
+        "SSH login host", max_length=255, blank=True,
+        help_text="The login (jump) host: {login} in the SSH command template.")
+    ssh_command_template = models.CharField(
+        "SSH command template", max_length=255, default="ssh {user}@{node}", blank=True,
+        validators=[validate_ssh_command_template],
+        help_text="The node page's SSH command: {user} (the signed-in user), {node}, "
+                  "{hostname} and {login}, e.g. ssh -J {login} {user}@{node}. Empty: none shown.")
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -44,6 +65,8 @@ class Cluster(models.Model):
         "billing_rate_per_gpu_hour",
         "acceptance_tests_enabled",
         "allow_rejoin",
+        "ssh_login_host",
+        "ssh_command_template",
     )
 
     class Meta:

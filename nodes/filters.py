@@ -1,13 +1,35 @@
 import django_filters
+from django.db.models import Exists, OuterRef, Q
+
+from healthchecks.models import HealthEvent
 
 from .choices import NodeState
 from .models import Node
 
+# Sorts done by the database; "util" and "temp" sort by the live store's numbers (views.py).
+DB_SORTS = {
+    "name": ("name",),
+    "state": ("state", "name"),
+    "last_seen": ("-last_seen", "name"),
+}
+LIVE_SORTS = ("util", "temp")
+SORT_CHOICES = [("name", "name"), ("state", "state"), ("util", "GPU utilization"),
+                ("temp", "hottest GPU"), ("last_seen", "last seen")]
+
 
 class NodeFilter(django_filters.FilterSet):
     state = django_filters.ChoiceFilter(choices=NodeState.choices, empty_label="any state")
-    name = django_filters.CharFilter(field_name="name", lookup_expr="icontains", label="name")
+    signature = django_filters.CharFilter(method="with_open_signature", label="signature")
+    name = django_filters.CharFilter(method="matching_text", label="search")
 
     class Meta:
         model = Node
-        fields = ["state", "name"]
+        fields = ["state", "signature", "name"]
+
+    def with_open_signature(self, queryset, name, value):
+        """Nodes with an open health event of that signature."""
+        return queryset.filter(Exists(HealthEvent.objects.open().filter(
+            node=OuterRef("pk"), signature=value)))
+
+    def matching_text(self, queryset, name, value):
+        return queryset.filter(Q(name__icontains=value) | Q(hostname__icontains=value))

@@ -3,3 +3,39 @@ from django import forms
 
 class PauseNodeForm(forms.Form):
     reason = forms.CharField(max_length=200, help_text="Why: shown on the node and the timeline.")
+
+
+class BulkNodesForm(forms.Form):
+    """Nodes of one cluster, chosen by name in the Nodes tab's list."""
+
+    nodes = forms.ModelMultipleChoiceField(queryset=None, to_field_name="name",
+                                           error_messages={"required": "Select some nodes."})
+
+    def __init__(self, *args, cluster, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["nodes"].queryset = cluster.nodes.select_related("cluster").order_by("name")
+
+
+class BulkPauseForm(BulkNodesForm):
+    reason = forms.CharField(max_length=200, error_messages={
+        "required": "Say why the nodes are paused."})
+
+
+class BulkCheckForm(BulkNodesForm):
+    check = forms.ChoiceField()
+
+    def __init__(self, *args, **kwargs):
+        from healthchecks.forms import RunCheckForm
+
+        super().__init__(*args, **kwargs)
+        # The same choices as a single node's "run a check" (the acceptance battery included).
+        self.fields["check"].choices = RunCheckForm(cluster=None).fields["check"].choices
+
+    def checks_and_purpose(self):
+        from healthchecks.checks import ACCEPTANCE_CHECKS
+        from healthchecks.forms import ACCEPTANCE_BATTERY
+        from healthchecks.models import CheckRun
+
+        if self.cleaned_data["check"] == ACCEPTANCE_BATTERY:
+            return ACCEPTANCE_CHECKS, CheckRun.Purpose.ACCEPTANCE
+        return (self.cleaned_data["check"],), CheckRun.Purpose.ON_DEMAND

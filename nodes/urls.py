@@ -4,9 +4,16 @@ from . import views
 
 app_name = "nodes"
 
+# "~selected" is no node's name ('~' is not allowed in one): the bulk operations' routes
+# never shadow a node's.
 urlpatterns = [
     path("", views.node_list, name="list"),
+    path("~selected/pause/", views.bulk_pause, name="bulk_pause"),
+    path("~selected/resume/", views.bulk_resume, name="bulk_resume"),
+    path("~selected/check/", views.bulk_check, name="bulk_check"),
     path("<str:name>/", views.node_detail, name="detail"),
+    path("<str:name>/charts/", views.node_charts, name="charts"),
+    path("<str:name>/live/", views.node_live, name="live"),
     path("<str:name>/pause/", views.node_pause, name="pause"),
     path("<str:name>/resume/", views.node_resume, name="resume"),
     path("<str:name>/gpus/accept/", views.node_accept_gpu_inventory,

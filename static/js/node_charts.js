@@ -1,0 +1,75 @@
+// The node page's charts: one per GPU metric (utilization, memory, temperature, power), one
+// line per GPU. The per-minute means of the last hour or day come from the charts URL; the
+// node's latest sample is fetched from the live URL every 5 s and extends the lines.
+(function () {
+  const panel = document.getElementById("node-charts-panel");
+  if (!panel || !window.Plotly) return;
+  const current = panel.querySelector("[data-range][aria-current]");
+  const range = current ? current.dataset.range : "hour";
+  const spanMs = range === "day" ? 86400e3 : 3600e3;
+  const charts = Array.from(panel.querySelectorAll(".chart[data-metric]"));
+  const units = { util_pct: "%", mem_used_bytes: "GiB", temp_c: "°C", power_w: "W" };
+  const titles = { util_pct: "utilization", mem_used_bytes: "memory used", temp_c: "temperature", power_w: "power" };
+  const GIB = 1073741824;
+  let uuids = [];
+
+  function value(metric, v) {
+    if (v === null || v === undefined) return null;
+    return metric === "mem_used_bytes" ? Math.round(v / GIB * 10) / 10 : v;
+  }
+  function window_(endMs) {
+    return [new Date(endMs - spanMs).toISOString(), new Date(endMs).toISOString()];
+  }
+
+  function draw(data) {
+    uuids = data.gpus.map(function (gpu) { return gpu.uuid; });
+    document.getElementById("charts-empty").hidden = data.minute.length > 0;
+    charts.forEach(function (el) {
+      const metric = el.dataset.metric;
+      const traces = data.gpus.map(function (gpu) {
+        return {
+          type: "scatter", mode: "lines", name: "GPU " + gpu.index, x: data.minute.slice(),
+          y: data.series[gpu.uuid][metric].map(function (v) { return value(metric, v); }),
+          hovertemplate: "%{y} " + units[metric] + "<extra>GPU " + gpu.index + "</extra>",
+        };
+      });
+      const layout = {
+        title: { text: titles[metric] + " (" + units[metric] + ")", font: { size: 13 } },
+        margin: { l: 45, r: 10, t: 30, b: 30 }, showlegend: metric === "util_pct",
+        legend: { orientation: "h", y: -0.2 },
+        xaxis: { type: "date", range: window_(Date.now()) },
+        yaxis: metric === "util_pct" ? { range: [0, 100] } : { rangemode: "tozero" },
+      };
+      Plotly.newPlot(el, traces, layout, { displaylogo: false, responsive: true });
+    });
+  }
+
+  function extend(live) {
+    if (!live.at || !uuids.length) return;
+    const t = new Date(live.at * 1000).toISOString();
+    const indexes = uuids.map(function (_, i) { return i; });
+    charts.forEach(function (el) {
+      const metric = el.dataset.metric;
+      Plotly.extendTraces(el, {
+        x: uuids.map(function () { return [t]; }),
+        y: uuids.map(function (uuid) {
+          const gpu = live.gpus[uuid];
+          return [gpu ? value(metric, gpu[metric]) : null];
+        }),
+      }, indexes, 5000);
+      Plotly.relayout(el, { "xaxis.range": window_(live.at * 1000) });
+    });
+  }
+
+  function poll() {
+    fetch(panel.dataset.liveUrl, { headers: { Accept: "application/json" } })
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (live) { if (live) extend(live); })
+      .catch(function () {})
+      .finally(function () { setTimeout(poll, 5000); });
+  }
+
+  fetch(panel.dataset.chartsUrl + "?range=" + range, { headers: { Accept: "application/json" } })
+    .then(function (r) { return r.json(); })
+    .then(function (data) { draw(data); setTimeout(poll, 5000); });
+})();
