@@ -130,6 +130,23 @@ def elapsed_s(name, module, run, iterations):
     return module.cuda.get_elapsed_time(start, end) / 1000.0
 
 
+def warm_up(name, module, run, times):
+    """Calls run() `times` times and waits for the GPU, so that what is timed next leaves
+    out the first calls' costs (kernel loading, the allocator growing)."""
+    for _ in range(times):
+        run()
+    synchronize(name, module)
+
+
+def measure_or_error(device, measure_one):
+    """The device's dict with what measure_one() returns, or with "error" where it raises
+    (a CUDA error on this GPU): the caller goes on to measure the other GPUs."""
+    try:
+        return {**device, **measure_one()}
+    except Exception as exc:
+        return {**device, "error": f"{type(exc).__name__}: {exc}"}
+
+
 def synchronize(name, module):
     if name == "torch":
         module.cuda.synchronize()

@@ -149,14 +149,12 @@ def measure(request):
     size = params["size"]
     gpus = []
     for device in cuda.cuda_devices(library_name, library):
-        try:
-            tflops, iterations = _measure_gpu(
-                library_name, library, device["index"], size, params
-            )
-        except Exception as exc:  # a CUDA error on this GPU; the others are still measured
-            gpus.append({**device, "error": f"{type(exc).__name__}: {exc}"})
-            continue
-        gpus.append({**device, "tflops": round(tflops, 1), "iterations": iterations})
+
+        def measure_one(index=device["index"]):
+            tflops, iterations = _measure_gpu(library_name, library, index, size, params)
+            return {"tflops": round(tflops, 1), "iterations": iterations}
+
+        gpus.append(cuda.measure_or_error(device, measure_one))
     return {"backend": library_name, "size": size, "gpus": gpus}
 
 
@@ -166,9 +164,7 @@ def _measure_gpu(library_name, library, index, size, params):
             product = _torch_product(library, size)
         else:
             product = _cupy_product(library, size)
-        for _ in range(WARMUPS):
-            product()
-        cuda.synchronize(library_name, library)
+        cuda.warm_up(library_name, library, product, WARMUPS)
         iterations = params["iterations"]
         if iterations is None:
             one_s = (

@@ -84,12 +84,12 @@ def measure(request):
         index = device["index"]
         size = buffer_bytes(params["bytes"], cuda.free_memory_bytes(library_name, library, index))
         sizes.add(size)
-        try:
+
+        def measure_one(index=index, size=size):
             tbps = _measure_gpu(library_name, library, index, size, params["iterations"])
-        except Exception as exc:  # a CUDA error on this GPU; the others are still measured
-            gpus.append({**device, "error": f"{type(exc).__name__}: {exc}"})
-            continue
-        gpus.append({**device, "tbps": round(tbps, 3), "bytes": size})
+            return {"tbps": round(tbps, 3), "bytes": size}
+
+        gpus.append(cuda.measure_or_error(device, measure_one))
     # by default each GPU's buffer follows its free memory: report the smallest
     return {"backend": library_name, "bytes": min(sizes) if sizes else None, "gpus": gpus}
 
@@ -100,9 +100,7 @@ def _measure_gpu(library_name, library, index, size, iterations):
             copy = _torch_copy(library, size)
         else:
             copy = _cupy_copy(library, size)
-        for _ in range(WARMUPS):
-            copy()
-        cuda.synchronize(library_name, library)
+        cuda.warm_up(library_name, library, copy, WARMUPS)
         seconds = cuda.elapsed_s(library_name, library, copy, iterations)
         del copy
     cuda.release_memory(library_name, library)
