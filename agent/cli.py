@@ -1,5 +1,6 @@
 """`python -m agent`: read the settings, pick the backend, then either print one hello
 and one sample (--print-once) or run the client until SIGTERM/SIGINT.
+`python -m agent hook job-start|job-end` is Slurm's Prolog/Epilog (agent/hook.py).
 
 Exit codes: 0 done, 2 a usage error or no NVIDIA driver (the message says which)."""
 
@@ -92,6 +93,11 @@ def make_parser():
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["hook"]:  # Slurm's Prolog / Epilog (agent/hook.py)
+        from agent.hook import main as hook_main
+
+        return hook_main(argv[1:])
     parser = make_parser()
     args = parser.parse_args(argv)
     options = vars(args)

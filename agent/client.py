@@ -10,7 +10,10 @@ Two loops run side by side:
   reconnects after a backoff with full jitter (1 s doubling up to 30 s, back to the
   start after a connection that lasted).
 
-Checks (`run_check`) and commands (`command`) run in tasks of their own beside them.
+Checks (`run_check`) and commands (`command`) run in tasks of their own beside them, and
+so do the boot startup scripts (agent/scripts.py), once per boot, when the first `config`
+after the agent starts brings them. Script results wait in the state dir (ResultSpool) until
+sent; the Slurm hook (agent/hook.py) leaves its results there too.
 """
 
 import asyncio
@@ -22,7 +25,7 @@ import time
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
-from agent import __version__, host, protocol
+from agent import __version__, host, protocol, scripts
 from agent.commands import CommandFailed
 from agent.config import MAX_SAMPLE_INTERVAL_S, MIN_SAMPLE_INTERVAL_S
 from agent.node_token import save_node_token
@@ -75,7 +78,7 @@ class AgentClient:
         self.node_name = node_name
         self.boot_id = boot_id
         self.sample_interval_s = sample_interval_s
-        self.startup_scripts = []  # from `config`; run by a later agent version
+        self.startup_scripts = []  # from `config`, saved in the state dir for the hook
         self._join_token = join_token
         self._node_token = node_token
         self._node_token_refused = False
@@ -101,6 +104,9 @@ class AgentClient:
         self._seq = 0  # the next sample's seq on this connection
         self._welcomed_at = None
         self._interval_changed = asyncio.Event()
+        self._spool = scripts.ResultSpool(state_dir)
+        self._spool_lock = asyncio.Lock()
+        self._boot_task = None  # the node_boot scripts, while they run
 
     async def run(self):
         """Run until cancelled."""
@@ -108,7 +114,10 @@ class AgentClient:
         try:
             await self._connect_forever()
         finally:
-            for task in [collector, *self._check_tasks.values(), *self._command_tasks.values()]:
+            tasks = [collector, *self._check_tasks.values(), *self._command_tasks.values()]
+            if self._boot_task is not None:
+                tasks.append(self._boot_task)
+            for task in tasks:
                 task.cancel()
                 try:
                     await task
@@ -122,6 +131,7 @@ class AgentClient:
         while True:
             try:
                 await self.collect_once()
+                await self.send_script_results()  # the Slurm hook's, as they come
             except Exception:
                 log.exception("collecting a sample failed")
             next_tick += self.sample_interval_s
@@ -279,6 +289,7 @@ class AgentClient:
             results, self._unsent_results = self._unsent_results, []
             for result in results:
                 await self._send(ws, result)
+            await self.send_script_results()
 
             async for message in ws:
                 frame = _parse(message)
@@ -343,13 +354,8 @@ class AgentClient:
                 self._outbox.remove([i for i in ids if isinstance(i, str)])
         elif kind == "config":
             self._apply_sample_interval(frame.get("sample_interval_s"))
-            scripts = frame.get("startup_scripts")
-            if isinstance(scripts, list):
-                self.startup_scripts = scripts
-                log.info(
-                    "received %d startup scripts (kept; this agent version does not run them)",
-                    len(scripts),
-                )
+            if isinstance(frame.get("startup_scripts"), list):
+                self._take_startup_scripts(frame["startup_scripts"])
         elif kind == "error":
             self._on_error(frame)
         elif kind == "command":
@@ -358,6 +364,64 @@ class AgentClient:
             await self._start_check(ws, frame)
         else:
             log.warning("ignoring a frame of unknown type %r", kind)
+
+    def _take_startup_scripts(self, entries):
+        """Keep the config's scripts (in the state dir too, for the Slurm hook), and start the
+        node_boot ones if they have not run since this boot."""
+        self.startup_scripts = scripts.valid_scripts(entries)
+        log.info("received %d startup scripts", len(self.startup_scripts))
+        try:
+            scripts.save_scripts(self._state_dir, self.startup_scripts)
+        except OSError as exc:
+            log.error("cannot save the startup scripts in %s for the Slurm hook: %s",
+                      self._state_dir, exc.strerror or exc)
+        if self._boot_task is not None:
+            return
+        if scripts.boot_scripts_ran_for(self._state_dir) == self.boot_id:
+            return
+        boot = [s for s in self.startup_scripts if s["event"] == "node_boot"]
+        self._boot_task = asyncio.create_task(self._run_boot_scripts(self.boot_id, boot),
+                                              name="boot-scripts")
+
+    async def _run_boot_scripts(self, boot_id, boot):
+        """Each node_boot script in turn, with its time limit; each result to the spool and
+        out. The boot id is marked done after the last, so a restart mid-way runs them again."""
+        try:
+            for script in boot:
+                log.info("running boot script %s (version %s)", script["id"],
+                         script.get("version"))
+                result = await asyncio.to_thread(scripts.run_script, script)
+                log.info("boot script %s: exit %s%s in %.1f s", script["id"],
+                         result["exit_code"], " (timed out)" if result["timed_out"] else "",
+                         result["duration_s"])
+                self._spool.add(result)
+                await self.send_script_results()
+            scripts.mark_boot_scripts_ran(self._state_dir, boot_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a failure here must not end the agent
+            log.exception("running the boot scripts failed")
+        finally:
+            self._boot_task = None
+
+    async def send_script_results(self):
+        """Send the spooled script results while connected; each file goes once sent."""
+        async with self._spool_lock:
+            ws = self._ws
+            if ws is None:
+                return
+            for path, frame in self._spool.pending():
+                try:
+                    text = protocol.encode(frame)
+                except protocol.FrameError as exc:
+                    log.error("dropping a script result that cannot be sent: %s", exc)
+                    self._spool.remove(path)
+                    continue
+                try:
+                    await ws.send(text)
+                except ConnectionClosed:
+                    return  # sent after the next welcome
+                self._spool.remove(path)
 
     def _on_welcome(self, frame):
         node_token = frame.get("node_token")  # present only after a join
