@@ -1,4 +1,5 @@
 import csv
+import json
 from datetime import timedelta
 
 from django.core.paginator import Paginator
@@ -54,10 +55,11 @@ def job_list(request, slug):
             form.cleaned_data.get("page") or 1),
         "by_user": [(u, cost(u.gpu_seconds, rate)) for u in users],
         "by_account": [(a, cost(a.gpu_seconds, rate)) for a in accounts],
-        "chart": {"users": [u.name for u in users],
-                  "user_gpu_hours": [float(u.gpu_hours) for u in users],
-                  "accounts": [a.name for a in accounts],
-                  "account_gpu_hours": [float(a.gpu_hours) for a in accounts]},
+        "chart_json": json.dumps({
+            "users": [u.name for u in users],
+            "user_gpu_hours": [float(u.gpu_hours) for u in users],
+            "accounts": [a.name for a in accounts],
+            "account_gpu_hours": [float(a.gpu_hours) for a in accounts]}),
         "import_status": ImportCursor.objects.filter(cluster=cluster).first(),
     }
     return render(request, "jobs/list.html" + ("#results" if request.htmx else ""), context)

@@ -3,9 +3,8 @@
 (function () {
   function draw() {
     const el = document.getElementById("jobs-chart");
-    const data = document.getElementById("jobs-usage");
-    if (!el || !data || !window.Plotly) return;
-    const s = JSON.parse(data.textContent);
+    if (!el || !el.dataset.usage || !window.Plotly) return;
+    const s = JSON.parse(el.dataset.usage);
     const traces = [
       { type: "bar", name: "by user", x: s.users, y: s.user_gpu_hours, marker: { color: "#2f5bd1" } },
       { type: "bar", name: "by account", x: s.accounts, y: s.account_gpu_hours, xaxis: "x2", yaxis: "y2", marker: { color: "#2e9e5b" } },
@@ -24,5 +23,7 @@
     Plotly.react(el, traces, layout, { displaylogo: false, responsive: true });
   }
   draw();
-  document.body.addEventListener("htmx:afterSettle", draw);
+  // htmx:load fires on the swapped-in results (attached to the page; afterSettle of an
+  // outerHTML swap may reach only the replaced element).
+  document.body.addEventListener("htmx:load", draw);
 })();
