@@ -98,7 +98,7 @@ def accept_hello(grant, frame, now=None):
                      changes={"join_token": token.prefix, "boot_id": frame["boot_id"]})
     rebooted = frame["boot_id"] != node.boot_id
     do_record_hello(node, boot_id=frame["boot_id"], agent_version=frame["agent_version"],
-                    gpus=frame["gpus"], now=now)
+                    gpus=frame["gpus"], slurm=frame.get("slurm"), now=now)
     start_checks_after_hello(node, rebooted=rebooted, now=now)
     do_hold_for_boot_scripts(node, rebooted=rebooted, now=now)
     return HelloOutcome(node_id=node.pk, cluster_id=node.cluster_id, node_token=node_token)

@@ -52,6 +52,9 @@ class Node(models.Model):
 
     boot_id = models.CharField(max_length=64, blank=True)
     agent_version = models.CharField(max_length=32, blank=True)
+    slurm_state = models.CharField(
+        max_length=64, blank=True, help_text="Slurm's state of the node at its latest hello "
+        "(e.g. IDLE, MIXED, DRAIN); empty where it runs no Slurm")
     last_seen = models.DateTimeField(null=True, blank=True)
     hello_gpus = models.JSONField(
         null=True, blank=True,

@@ -41,8 +41,9 @@ def do_register_node(cluster, name, *, hostname="", actor=None, now=None):
 
 
 @transaction.atomic
-def do_record_hello(node, *, boot_id, agent_version="", gpus=(), now=None):
+def do_record_hello(node, *, boot_id, agent_version="", gpus=(), slurm=None, now=None):
     """A hello from the node's agent: it is connected; a new boot_id means it rebooted.
+    `slurm` is the hello's {"state", "reason"} (None: the node runs no Slurm).
 
     `gpus` is the hello's list of {index, uuid, name, pci_bus_id, memory_total_bytes}. It is
     kept on the node; new GPUs join the inventory, and a GPU of the inventory missing from
@@ -58,6 +59,7 @@ def do_record_hello(node, *, boot_id, agent_version="", gpus=(), now=None):
         boot_id=boot_id,
         agent_version=agent_version,
         hello_gpus=hello,
+        slurm_state=((slurm or {}).get("state") or "")[:64],
         **({"booted_at": now} if rebooted else {}),
     )
     _add_new_gpus(node, hello)

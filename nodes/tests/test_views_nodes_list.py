@@ -223,3 +223,17 @@ def test_the_grid_of_2000_nodes_is_compact(client_for, viewer, cluster, store):
     size = len(response.content)
     print(f"grid page at 2,000 nodes: {size:,} bytes")
     assert size < 300_000
+
+
+def test_the_slurm_state_of_the_latest_hello_is_stored_and_listed(client_for, viewer, cluster):
+    from nodes.services import do_record_hello
+
+    node = NodeFactory(cluster=cluster, name="gpu-001")
+    do_record_hello(node, boot_id="b1", slurm={"state": "DRAIN", "reason": "xid"})
+    node.refresh_from_db()
+    assert node.slurm_state == "DRAIN"
+    assert '<td class="mono">DRAIN</td>' in client_for(viewer).get(list_url(cluster)).text
+
+    do_record_hello(node, boot_id="b1", slurm=None)  # a node without Slurm
+    node.refresh_from_db()
+    assert node.slurm_state == ""

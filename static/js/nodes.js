@@ -1,9 +1,18 @@
 // The Nodes tab's list: "select all" ticks every node on the page, and the table's live
-// refresh (cluster-changed, every 5 s) waits while nodes are selected, so that a refresh
-// never drops a selection before its bulk operation is sent.
+// refresh (cluster-changed, every 5 s) waits while the operator is using the bulk form
+// (nodes selected, a reason typed, a field focused), so that a refresh never drops what
+// they chose before they send it. Sending it swaps in a fresh table.
 (function () {
   function boxes() {
     return document.querySelectorAll('#node-table input[name="nodes"]');
+  }
+  function busy(table) {
+    if (Array.from(boxes()).some(function (box) { return box.checked; })) return true;
+    const active = document.activeElement;
+    if (active && table.contains(active) && active.matches("input, select")) return true;
+    return Array.from(table.querySelectorAll('input[type="text"]')).some(function (field) {
+      return field.value !== field.defaultValue;
+    });
   }
   document.addEventListener("change", function (event) {
     if (event.target.id === "select-all") {
@@ -12,9 +21,6 @@
   });
   document.body.addEventListener("htmx:beforeRequest", function (event) {
     const table = document.getElementById("node-table");
-    if (event.detail.elt !== table) return;
-    if (Array.from(boxes()).some(function (box) { return box.checked; })) {
-      event.preventDefault();
-    }
+    if (event.detail.elt === table && busy(table)) event.preventDefault();
   });
 })();
