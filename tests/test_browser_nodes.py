@@ -1,0 +1,79 @@
+"""In Chromium: the Nodes tab. The grid shows a tile per node, and a tile opens its node (with
+its charts); in the list, "select all" and one click on Pause pause every node of the page
+without a reload."""
+
+from urllib.parse import urlsplit
+
+import pytest
+from playwright.sync_api import expect
+
+from clusterui.roles import Role
+from clusterui.tests.factories import ClusterFactory, UserFactory
+from nodes.choices import NodeState
+from nodes.models import Node
+from nodes.tests.factories import GpuFactory, NodeFactory
+
+from .browser import assert_no_csp_violations, screenshot, sign_in
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+STATES = [NodeState.HEALTHY] * 6 + [NodeState.UNHEALTHY] * 2 + [NodeState.PAUSED]
+
+
+@pytest.fixture
+def fleet():
+    cluster = ClusterFactory(name="nodes-h200", slug="nodes-h200")
+    UserFactory(username="alice", role=Role.OPERATOR)
+    nodes = [NodeFactory(cluster=cluster, name=f"gpu-{i:03d}", state=state)
+             for i, state in enumerate(STATES, start=1)]
+    for node in nodes:
+        GpuFactory(node=node, index=0)
+    return cluster
+
+
+def test_the_grid_shows_a_tile_per_node_and_a_tile_opens_its_node(page, console, fleet):
+    grid = f"/c/{fleet.slug}/nodes/?view=grid"
+    page.goto(grid)
+    sign_in(page, "alice", "password")
+    assert urlsplit(page.url).path == f"/c/{fleet.slug}/nodes/"
+
+    tiles = page.locator(".node-grid a.tile")
+    expect(tiles).to_have_count(len(STATES))
+    expect(page.locator(".node-grid a.tile.unhealthy")).to_have_count(2)
+    box = tiles.first.bounding_box()
+    assert box["width"] >= 10 and box["height"] >= 10  # visible, not collapsed
+    screenshot(page, "nodes-grid")
+
+    with page.expect_navigation():
+        page.locator('.node-grid a.tile[title^="gpu-007 "]').click()
+    assert urlsplit(page.url).path == f"/c/{fleet.slug}/nodes/gpu-007/"
+    expect(page.locator("h1")).to_contain_text("gpu-007")
+    # The charts were drawn by plotly (node_charts.js), one per metric.
+    expect(page.locator("#node-charts-panel .chart .main-svg").first).to_be_visible()
+    expect(page.locator("#ssh-command")).to_have_text("ssh alice@gpu-007")
+    assert_no_csp_violations(console)
+
+
+def test_select_all_and_one_click_pause_every_node_of_the_page(page, console, fleet):
+    page.goto(f"/c/{fleet.slug}/nodes/?state=healthy")
+    sign_in(page, "alice", "password")
+    page.wait_for_load_state("load")
+    navigations = []
+    page.on("framenavigated",
+            lambda frame: navigations.append(frame.url) if frame == page.main_frame else None)
+
+    page.locator("#select-all").check()
+    expect(page.locator('#node-table input[name="nodes"]:checked')).to_have_count(6)
+    page.get_by_label("reason to pause").fill("rack 12 power work")
+    page.locator(".bulk-bar").get_by_role("button", name="Pause").click()
+
+    expect(page.locator("#messages")).to_contain_text("Paused 6 nodes.")
+    # The table came back with the same filter (healthy): no node is healthy any more.
+    expect(page.locator("#node-table")).to_contain_text("No node matches these filters.")
+    assert not navigations, navigations
+    paused = Node.objects.filter(cluster=fleet, paused=True,
+                                 paused_reason="paused by alice: rack 12 power work")
+    assert paused.count() == 6
+    assert not Node.objects.filter(cluster=fleet, state=NodeState.HEALTHY).exists()
+    screenshot(page, "nodes-bulk-pause")
+    assert_no_csp_violations(console)
