@@ -4,8 +4,9 @@ One asyncio task per server process flushes that process's live-store buffer eve
 One of them (in production, the holder of a Redis lease; in embedded mode, the only one)
 also, once a second and for each cluster: reads the whole live store, builds the summary,
 sends it to the browsers' group `cluster.<slug>`, adds the tick to the minute's rollups,
-writes `last_seen` of every node heard from, in one UPDATE, and runs the slow GPU rule
-(healthchecks/slow_gpus.py: it needs every node's latest sample). Agent connections never
+writes `last_seen` of every node heard from, in one UPDATE, runs the slow GPU rule
+(healthchecks/slow_gpus.py: it needs every node's latest sample), and offers again the
+commands and check runs still queued for connected nodes. Agent connections never
 group_send (PROTOCOL.md traffic stays inside the process that received it).
 """
 
@@ -87,6 +88,37 @@ def record_tick(seen, now, *, just_started):
         if just_started or not PublisherStatus.objects.filter(pk=1).update(seen_at=now):
             PublisherStatus.objects.update_or_create(pk=1, defaults={"started_at": now,
                                                                      "seen_at": now})
+
+
+# An offer made on commit reaches the agent's connection at once, but not when it was made
+# where that connection cannot hear it: a Celery worker in embedded mode (its in-memory
+# channel layer is its own), or a message lost. What is still queued this long after it was
+# asked for is offered again each tick, for nodes heard from lately.
+OFFER_AGAIN_AFTER_S = 2.0
+
+
+def read_queued_offers(now):
+    """(group, message) for each command and check run still queued for a connected node."""
+    from datetime import timedelta
+
+    from healthchecks.models import CheckRun
+
+    from .consumers import agent_group
+    from .models import AgentCommand
+
+    close_old_connections()
+    asked_before = now - timedelta(seconds=OFFER_AGAIN_AFTER_S)
+    heard_since = now - timedelta(seconds=stale_after_s())
+    commands = AgentCommand.objects.filter(
+        status=AgentCommand.Status.QUEUED, requested_at__lte=asked_before,
+        node__last_seen__gte=heard_since).values_list("pk", "node_id")
+    runs = CheckRun.objects.filter(
+        status=CheckRun.Status.QUEUED, requested_at__lte=asked_before,
+        node__last_seen__gte=heard_since).values_list("pk", "node_id")
+    return ([(agent_group(node_id), {"type": "command.send", "command_id": pk})
+             for pk, node_id in commands]
+            + [(agent_group(node_id), {"type": "check.run", "run_id": pk})
+               for pk, node_id in runs])
 
 
 def build_summary(slug, facts, usage, now_ts):
@@ -188,6 +220,9 @@ class Publisher:
         self.seen_written.update(seen)
         if openings or closings:
             await sync_to_async(record_slow_gpus, thread_sensitive=False)(openings, closings, now)
+        offers = await sync_to_async(read_queued_offers, thread_sensitive=False)(now)
+        for group, message in offers:
+            await self.channel_layer.group_send(group, message)
         return clusters
 
     def fold(self, cluster_id, usage, entries, now, open_slow):

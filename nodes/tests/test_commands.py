@@ -290,3 +290,32 @@ async def test_a_reboot_goes_out_after_the_hello_again_until_the_node_comes_back
     command = await reloaded(command)
     assert (command.status, command.message) == ("ok", "the node rebooted")
     await communicator.disconnect()
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+async def test_a_command_whose_offer_was_lost_is_offered_again_by_the_publisher(
+        join_token, monkeypatch, settings):
+    """As from a Celery worker in embedded mode: the on-commit offer reaches nobody."""
+    from nodes.publisher import Publisher
+
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    settings.CLUSTERUI_PUBLISHER = False
+    communicator, _ = await join(join_token)
+    monkeypatch.setattr("nodes.services.offer_command_to_agent", lambda *args: None)
+    node = await database_sync_to_async(Node.objects.get)(name="gpu-001")
+    command = await database_sync_to_async(do_send_command)(node, "reboot")
+    assert await communicator.receive_nothing(timeout=0.3)
+
+    publisher = Publisher()
+    await publisher.publish_once(now=timezone.now())  # asked less than 2 s ago: not yet
+    assert await communicator.receive_nothing(timeout=0.3)
+    later = timezone.now() + timedelta(seconds=3)
+    # Its samples keep last_seen fresh: the publisher offers only to nodes heard from lately.
+    await database_sync_to_async(Node.objects.filter(pk=node.pk).update)(last_seen=later)
+    await publisher.publish_once(now=later)
+    frame = await receive(communicator)
+    assert (frame["type"], frame["id"], frame["action"]) == ("command", command.pk, "reboot")
+    await publisher.publish_once(now=timezone.now() + timedelta(seconds=4))  # sent: once only
+    assert await communicator.receive_nothing(timeout=0.3)
+    await communicator.disconnect()
