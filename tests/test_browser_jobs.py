@@ -44,7 +44,7 @@ def test_a_viewer_reads_gpu_hours_filters_and_downloads_the_csv(page, console):
     expect(page.locator('#usage-by-account tr[data-account="vision"] [data-gpu-hours]')
            ).to_have_text("6.00")
     # plotly drew the chart (static/js/jobs.js, under the page's CSP).
-    expect(page.locator("#jobs-chart .main-svg").first).to_be_attached()
+    expect(page.locator("#jobs-chart .main-svg").first).to_be_attached(timeout=15_000)
     expect(page.locator("table.jobs tbody tr")).to_have_count(2)
     screenshot(page, "jobs")
 
@@ -53,7 +53,7 @@ def test_a_viewer_reads_gpu_hours_filters_and_downloads_the_csv(page, console):
     expect(page.locator("table.jobs tbody tr")).to_have_count(1)
     expect(page.locator('table.jobs tr[data-job="102"]')).to_be_visible()
     expect(page.locator("#usage-by-user tbody tr")).to_have_count(1)
-    expect(page.locator("#jobs-chart .main-svg").first).to_be_attached()
+    expect(page.locator("#jobs-chart .main-svg").first).to_be_attached(timeout=15_000)
     assert page.evaluate("window.jobsTestMarker") == "kept"  # no reload
     assert "user=bob" in page.url
 
