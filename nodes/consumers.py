@@ -248,7 +248,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await database_sync_to_async(ingest.record_script_result)(self.node_id, frame)
 
     async def config_changed(self, message):
-        """An admin saved a startup script (nodes.scripts.announce_scripts_changed)."""
+        """An admin saved a startup script or changed the node's role
+        (nodes.scripts.announce_config_changed)."""
         if self.node_id is None or self.closed:
             return
         await self.send_frame(await database_sync_to_async(ingest.config_frame)(self.node_id))

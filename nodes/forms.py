@@ -1,8 +1,17 @@
 from django import forms
 
+from .script_models import NodeRole
+
+ROLE_ERRORS = {"required": "Pick a role.",
+               "invalid_choice": "%(value)s is not a role: pick worker, login or controller."}
+
 
 class PauseNodeForm(forms.Form):
     reason = forms.CharField(max_length=200, help_text="Why: shown on the node and the timeline.")
+
+
+class NodeRoleForm(forms.Form):
+    role = forms.ChoiceField(choices=NodeRole.choices, error_messages=ROLE_ERRORS)
 
 
 class BulkNodesForm(forms.Form):
@@ -19,6 +28,10 @@ class BulkNodesForm(forms.Form):
 class BulkPauseForm(BulkNodesForm):
     reason = forms.CharField(max_length=200, error_messages={
         "required": "Say why the nodes are paused."})
+
+
+class BulkRoleForm(BulkNodesForm):
+    role = forms.ChoiceField(choices=NodeRole.choices, error_messages=ROLE_ERRORS)
 
 
 class BulkCheckForm(BulkNodesForm):

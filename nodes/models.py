@@ -8,6 +8,7 @@ from django.urls import reverse
 from clusterui.models import Cluster
 
 from .choices import STATE_COLOURS, NodeState
+from .script_models import NodeRole
 
 node_name_validator = RegexValidator(
     r"^[A-Za-z0-9_.-]{1,63}$", "1-63 letters, digits, '-', '_' or '.'"
@@ -47,8 +48,9 @@ class Node(models.Model):
         help_text="boot startup scripts hold the node booting until their results, or this",
     )
     role = models.CharField(
-        max_length=16, default="worker", help_text="picks its startup scripts: worker, login or "
-        "controller (nodes.script_models.NodeRole)")
+        max_length=16, choices=NodeRole.choices, default=NodeRole.WORKER,
+        help_text="picks its startup scripts (set by an admin on the node page: "
+        "nodes.services.do_set_node_role)")
 
     boot_id = models.CharField(max_length=64, blank=True)
     agent_version = models.CharField(max_length=32, blank=True)

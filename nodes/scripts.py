@@ -191,9 +191,16 @@ def config_frame_for(node_id, sample_interval_s):
 
 def announce_scripts_changed(cluster):
     """Once committed: every connected agent of the cluster gets its new config."""
+    announce_config_changed(cluster.nodes.values_list("pk", flat=True))
+
+
+def announce_config_changed(node_ids):
+    """Once committed: the connected agents of these nodes get their config again
+    (AgentConsumer.config_changed builds it then, from the committed scripts and role). An
+    agent not connected gets it after its next hello."""
     from .consumers import agent_group
 
-    node_ids = list(cluster.nodes.values_list("pk", flat=True))
+    node_ids = list(node_ids)
 
     def send():
         for node_id in node_ids:

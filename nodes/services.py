@@ -25,6 +25,8 @@ from .inventory import (
     inventory_gpu,
 )
 from .models import AgentCommand, AgentToken, Gpu, Node
+from .script_models import NodeRole
+from .scripts import announce_config_changed
 from .states import refresh_node_state
 
 
@@ -200,6 +202,26 @@ def do_resume_node(node, *, actor, request=None, now=None):
         refresh_node_state(node, actor=actor, reason=f"resumed by {actor.get_username()}", now=now)
     node.refresh_from_db()
     return bool(updated)
+
+
+@transaction.atomic
+def do_set_node_role(node, role, *, actor, request=None, now=None):
+    """Make the node a worker, login or controller node: the role picks its startup scripts.
+    Returns True when the role changed: then it is audited (before and after) and, once
+    committed, the node's agent, if connected, gets its config with the new role's scripts
+    (the path a script save takes). An unknown role raises ValueError."""
+    if role not in NodeRole.values:
+        raise ValueError(f"unknown node role {role!r}: one of {', '.join(NodeRole.values)}")
+    before = Node.objects.select_for_update().values_list("role", flat=True).get(pk=node.pk)
+    if before == role:
+        node.role = role
+        return False
+    Node.objects.filter(pk=node.pk).update(role=role)
+    node.role = role
+    record_audit(actor, "node.set_role", node, changes={"role": {"before": before, "after": role}},
+                 cluster=node.cluster, request=request, now=now)
+    announce_config_changed([node.pk])
+    return True
 
 
 # Agent tokens (PROTOCOL.md "Connecting"): random, shown once, stored as a SHA-256 hash.

@@ -11,11 +11,13 @@ urlpatterns = [
     path("~selected/pause/", views.bulk_pause, name="bulk_pause"),
     path("~selected/resume/", views.bulk_resume, name="bulk_resume"),
     path("~selected/check/", views.bulk_check, name="bulk_check"),
+    path("~selected/role/", views.bulk_set_role, name="bulk_set_role"),
     path("<str:name>/", views.node_detail, name="detail"),
     path("<str:name>/charts/", views.node_charts, name="charts"),
     path("<str:name>/live/", views.node_live, name="live"),
     path("<str:name>/pause/", views.node_pause, name="pause"),
     path("<str:name>/resume/", views.node_resume, name="resume"),
+    path("<str:name>/role/", views.node_set_role, name="set_role"),
     path("<str:name>/gpus/accept/", views.node_accept_gpu_inventory,
          name="accept_gpu_inventory"),
 ]

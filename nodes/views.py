@@ -25,15 +25,24 @@ from healthchecks.views import check_runs_context, open_events_by_signature
 from repairs.views import node_repairs_context
 
 from .filters import DB_SORTS, LIVE_SORTS, SORT_CHOICES, NodeFilter
-from .forms import BulkCheckForm, BulkNodesForm, BulkPauseForm, PauseNodeForm
+from .forms import (
+    BulkCheckForm,
+    BulkNodesForm,
+    BulkPauseForm,
+    BulkRoleForm,
+    NodeRoleForm,
+    PauseNodeForm,
+)
 from .live import get_live_store
 from .metrics import render_metrics
 from .models import Node, NodeRollup
 from .publisher import stale_after_s
+from .script_models import NodeRole
 from .services import (
     do_accept_gpu_inventory,
     do_pause_node,
     do_resume_node,
+    do_set_node_role,
     review_gpu_inventory,
 )
 
@@ -85,6 +94,7 @@ def node_list_context(cluster, params):
     return {"filter": node_filter, "page": page, "nodes": shown, "view": view, "sort": sort,
             "sort_choices": SORT_CHOICES, "list_query": query.urlencode(),
             "bulk_checks": RunCheckForm(cluster=None).fields["check"].choices,
+            "node_roles": NodeRole.choices,
             "open_signatures": [row["signature"] for row in open_events_by_signature(cluster)],
             "filtered": any(params.get(key) for key in ("state", "signature", "name"))}
 
@@ -163,6 +173,7 @@ def node_detail(request, slug, name):
         "open_events": node.health_events.open().select_related("gpu"),
         "transitions": node.transitions.all()[:50],
         "pause_form": PauseNodeForm(),
+        "node_roles": NodeRole.choices,
         "grafana_url": grafana_url(node),
         "run_form": RunCheckForm(cluster=node.cluster),
         **check_runs_context(node.cluster, node.check_runs.select_related(
@@ -284,6 +295,26 @@ def node_accept_gpu_inventory(request, slug, name):
 
 
 @require_POST
+@require_role(Role.ADMIN)
+def node_set_role(request, slug, name):
+    """The role picks the node's startup scripts; its agent gets them at once if connected."""
+    node = get_node_for_user(request, slug, name)
+    form = NodeRoleForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"{node.name}: role not changed. {' '.join(form.errors['role'])}")
+    elif do_set_node_role(node, form.cleaned_data["role"], actor=request.user, request=request):
+        messages.success(request, f"{node.name} is now a {node.role} node: it runs the "
+                                  f"{node.role} startup scripts.")
+    else:
+        messages.info(request, f"{node.name} was already a {node.role} node.")
+    if not request.htmx:
+        return redirect(node)
+    context = {"cluster": node.cluster, "node": node, "node_roles": NodeRole.choices,
+               "role_response": True}
+    return render(request, "nodes/detail.html#node-role", context)
+
+
+@require_POST
 @require_role(Role.OPERATOR)
 def bulk_pause(request, slug):
     cluster = get_cluster_for_user(request, slug)
@@ -323,6 +354,21 @@ def bulk_check(request, slug):
                 for node in form.cleaned_data["nodes"]]
         messages.success(request, _summary(f"started {form.cleaned_data['check']} on", started,
                                            "already running it"))
+    return _bulk_response(request, cluster, form)
+
+
+@require_POST
+@require_role(Role.ADMIN)
+def bulk_set_role(request, slug):
+    cluster = get_cluster_for_user(request, slug)
+    form = BulkRoleForm(request.POST, cluster=cluster)
+    if form.is_valid():
+        role = form.cleaned_data["role"]
+        with transaction.atomic():
+            changed = [do_set_node_role(node, role, actor=request.user, request=request)
+                       for node in form.cleaned_data["nodes"]]
+        messages.success(request, _summary(f"set the role to {role} on", changed,
+                                           f"already {role}"))
     return _bulk_response(request, cluster, form)
 
 

@@ -69,6 +69,8 @@ AUDITED = {
     "nodes:bulk_pause": Audited("node.pause", "nodes.node"),
     "nodes:bulk_resume": Audited("node.resume", "nodes.node", setup=pause_the_node),
     "nodes:bulk_check": Audited("checkrun.request", "healthchecks.checkrun"),
+    "nodes:set_role": Audited("node.set_role", "nodes.node", before_after=True),
+    "nodes:bulk_set_role": Audited("node.set_role", "nodes.node", before_after=True),
     "scripts:edit": Audited("startupscript.save", "nodes.startupscript"),
     "scripts:roll_back": Audited("startupscript.rollback", "nodes.startupscript"),
     "healthchecks:run": Audited("checkrun.request", "healthchecks.checkrun"),

@@ -121,6 +121,10 @@ TABLE = {
                              data={"nodes": ["gpu-0001"]}),
     "nodes:bulk_check": Row(get=not_allowed(), post=needs(OPERATE, 302),
                             data={"nodes": ["gpu-0001"], "check": "nvml_sanity"}),
+    "nodes:set_role": Row(get=not_allowed(), post=needs(ADMINISTER, 302),
+                          data={"role": "login"}),
+    "nodes:bulk_set_role": Row(get=not_allowed(), post=needs(ADMINISTER, 302),
+                               data={"nodes": ["gpu-0001"], "role": "login"}),
     # startup scripts (nodes/script_views.py)
     "scripts:list": Row(get=needs(VIEW, 200), post=not_allowed()),
     "scripts:edit": Row(get=needs(VIEW, 200), post=needs(ADMINISTER, 302),
