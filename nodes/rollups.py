@@ -2,9 +2,10 @@
 
 ClusterRollup: the cluster-wide usage for the overview chart. NodeRollup: mean and max of
 each GPU metric per GPU, and the node's network, for the node page's charts. Both are
-written in one batch when a minute ends.
+written in one transaction when a minute ends.
 """
 
+import time
 from datetime import timedelta
 
 from django.conf import settings
@@ -124,40 +125,58 @@ class RollupAccumulator:
         return finished
 
 
-def rollup_rows(minute, clusters, gpus, nodes):
-    """A finished minute's numbers as ClusterRollup and NodeRollup rows."""
-    cluster_rows = []
+def cluster_rollup_rows(minute, clusters):
+    """A finished minute's ClusterRollup rows (clusters whose GPUs reported)."""
+    rows = []
     for cluster_id, stats in clusters.items():
         pairs = mean_and_peak(stats, CLUSTER_METRICS)
         if pairs["gpus_reporting"][0] is None:
             continue
-        cluster_rows.append(ClusterRollup(
+        rows.append(ClusterRollup(
             cluster_id=cluster_id, minute=minute,
             gpus_reporting=round(pairs["gpus_reporting"][0] or 0),
             gpu_util_pct=pairs["gpu_util_pct"][0] or 0.0,
             gpu_mem_used_pct=pairs["gpu_mem_used_pct"][0] or 0.0,
             net_bps=pairs["net_bps"][0] or 0.0,
         ))
-    node_rows = [
+    return rows
+
+
+def node_rollup_rows(minute, gpus, nodes, node_ids):
+    """A finished minute's NodeRollup rows of `node_ids`."""
+    return [
         NodeRollup(
             node_id=node_id, minute=minute,
-            gpus={uuid: mean_and_peak(stats, GPU_METRICS) for uuid, stats in node_gpus.items()},
+            gpus={uuid: mean_and_peak(stats, GPU_METRICS) for uuid, stats in gpus[node_id].items()},
             node_metrics=mean_and_peak(nodes[node_id], NODE_METRICS),
         )
-        for node_id, node_gpus in gpus.items()
+        for node_id in node_ids
     ]
-    return cluster_rows, node_rows
+
+
+# The writer runs in a worker thread while the event loop ingests. Building and inserting
+# 2,000 node rows is a few hundred ms of Python, which holds the GIL whenever it runs; the
+# event loop gives the GIL up at every socket call and then waits for it, so the frames of
+# the second after each minute's end came 300-500 ms late (bench/README.md). In batches of
+# 50 rows, with a pause after each, the writer leaves the loop most of the GIL; the minute
+# takes about half a second to write.
+WRITE_BATCH_ROWS = 50
+WRITE_PAUSE_S = 0.01
 
 
 @transaction.atomic
 def write_rollups(minute, clusters, gpus, nodes):
-    """One batch per minute, from RollupAccumulator.add()'s finished minute; the rows are
-    built here too, in the publisher's worker thread (2,000 model instances: tens of ms that
-    would otherwise hold up the event loop). A minute already written (another publisher)
-    is kept."""
-    cluster_rows, node_rows = rollup_rows(minute, clusters, gpus, nodes)
-    ClusterRollup.objects.bulk_create(cluster_rows, ignore_conflicts=True)
-    NodeRollup.objects.bulk_create(node_rows, ignore_conflicts=True, batch_size=500)
+    """Write RollupAccumulator.add()'s finished minute, in one transaction. A minute already
+    written (another publisher) is kept."""
+    ClusterRollup.objects.bulk_create(cluster_rollup_rows(minute, clusters),
+                                      ignore_conflicts=True)
+    node_ids = list(gpus)
+    for start in range(0, len(node_ids), WRITE_BATCH_ROWS):
+        if start:
+            time.sleep(WRITE_PAUSE_S)
+        batch = node_ids[start:start + WRITE_BATCH_ROWS]
+        NodeRollup.objects.bulk_create(node_rollup_rows(minute, gpus, nodes, batch),
+                                       ignore_conflicts=True)
 
 
 def prune_rollups(now=None):
