@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodes.protocol import BadFrame, parse_frame
+from nodes.protocol import FRAMES, SAMPLE_GPU, SAMPLE_NODE, BadFrame, _check_fields, parse_frame
 
 HELLO = {"type": "hello", "node": "gpu-001", "boot_id": "4f1c", "agent_version": "1.0.0",
          "driver_version": "580.159.04", "cuda_version": "13.0",
@@ -127,3 +127,65 @@ def test_random_bytes_and_text_never_crash_the_parser(data):
         parse_frame(data)
     except BadFrame:
         pass
+
+
+# A sample's fields one by one, with values of every JSON kind and integers of any size.
+sample_values = (st.none() | st.booleans() | st.floats(allow_nan=False, allow_infinity=False)
+                 | st.integers() | st.integers(min_value=2**63 - 2, max_value=2**64 + 2)
+                 | st.integers(min_value=-2**63 - 2, max_value=-2**63 + 2) | st.text(max_size=4))
+SAMPLE_FIELDS = ([("seq",), ("ts",)]
+                 + [("gpus", 0, field) for field in SAMPLE_GPU if field != "uuid"]
+                 + [("node", field) for field in SAMPLE_NODE])
+SIXTY_FOUR_BITS = range(-2**63, 2**64)
+
+
+def exact_reading(text):
+    """The sample as the standard library reads it and the schema checks it; None if invalid."""
+    frame = json.loads(text)
+    try:
+        _check_fields(frame, FRAMES["sample"], "sample")
+    except BadFrame:
+        return None
+    return frame
+
+
+def value_at(frame, path):
+    for key in path:
+        frame = frame[key]
+    return frame
+
+
+INTEGER_FIELDS = {"seq", "clock_event_reasons", "ecc_dbe_volatile"}
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(SAMPLE_FIELDS), sample_values), max_size=4))
+def test_the_sample_fast_path_reads_and_refuses_as_the_exact_path_does(changes):
+    """parse_frame's orjson path accepts a sample only when the schema does, with the same
+    values, but for an integer beyond 64 bits: orjson reads it as a float, which a number
+    field takes; in an integer field it sends the frame the exact way (every value exact)."""
+    frame = json.loads(json.dumps(SAMPLE))
+    for path, value in changes:
+        value_at(frame, path[:-1])[path[-1]] = value
+    text = json.dumps(frame)
+    expected = exact_reading(text)
+    if expected is None:
+        with pytest.raises(BadFrame):
+            parse_frame(text)
+        return
+    parsed = parse_frame(text)
+
+    def beyond_64_bits(path):
+        value = value_at(expected, path)
+        return type(value) is int and value not in SIXTY_FOUR_BITS
+
+    fast_path = not any(beyond_64_bits(path) for path in SAMPLE_FIELDS
+                        if path[-1] in INTEGER_FIELDS)
+    for path in SAMPLE_FIELDS:
+        want, got = value_at(expected, path), value_at(parsed, path)
+        if fast_path and beyond_64_bits(path):
+            assert type(got) is float and got == float(want)
+            value_at(expected, path[:-1])[path[-1]] = got
+        else:
+            assert type(got) is type(want) and got == want
+    assert parsed == expected
