@@ -71,6 +71,10 @@ class MemoryLiveStore:
         """The snapshot, for synchronous callers (views)."""
         return dict(self.latest.get(cluster_id, {}))
 
+    def read_node(self, cluster_id, node_id):
+        """One node's entry, or None (the node page's live numbers)."""
+        return self.latest.get(cluster_id, {}).get(node_id)
+
     async def close(self):
         pass
 
@@ -125,6 +129,15 @@ class RedisLiveStore:
         with redis.Redis.from_url(self.url) as client:
             raw = client.hgetall(LIVE_KEY.format(cluster_id=cluster_id))
         return _decode_all(raw)
+
+    def read_node(self, cluster_id, node_id):
+        """One node's entry, or None: one HGET, where read() carries the whole cluster's
+        hash (about 5 MB for 2,000 nodes) for each node page's poll."""
+        import redis
+
+        with redis.Redis.from_url(self.url) as client:
+            raw = client.hget(LIVE_KEY.format(cluster_id=cluster_id), node_id)
+        return None if raw is None else _decode(raw)
 
     async def close(self):
         if self._client is not None:

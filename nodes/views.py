@@ -222,7 +222,7 @@ def node_live(request, slug, name):
     """The node's latest sample, per GPU (the charts poll it every few seconds); "at" is
     null when the node has no fresh sample."""
     node = get_node_for_user(request, slug, name)
-    entry = get_live_store().read(node.cluster_id).get(node.pk)
+    entry = get_live_store().read_node(node.cluster_id, node.pk)
     if entry is None or time.time() - entry["received_at"] > stale_after_s():
         return JsonResponse({"at": None, "gpus": {}})
     return JsonResponse({"at": entry["ts"], "gpus": {

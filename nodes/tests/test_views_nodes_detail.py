@@ -88,6 +88,29 @@ def test_the_live_endpoint_gives_the_latest_fresh_sample_per_gpu(client_for, vie
     assert client.get(url).json()["at"] is None  # stale
 
 
+def test_in_production_the_live_endpoint_reads_its_one_node_from_redis(client_for, viewer, node,
+                                                                       redis_live_store):
+    import asyncio
+
+    other = NodeFactory(cluster=node.cluster, name="gpu-018")
+    writer = redis_live_store()
+    now = time.time()
+    for each, util in [(node, 97), (other, 3)]:
+        frame = {"type": "sample", "seq": 1, "ts": now, "node": {},
+                 "gpus": [{"uuid": f"GPU-{each.name}", "util_pct": util}]}
+        writer.record(node.cluster_id, live_entry(frame, node_id=each.pk, received_at=now,
+                                                  memory_totals={}))
+    asyncio.run(writer.flush())
+    reset_live_store()  # the view reads on a connection of its own, as another process
+
+    reader = redis_live_store()
+    assert reader.read_node(node.cluster_id, node.pk) == reader.read(node.cluster_id)[node.pk]
+    assert reader.read_node(node.cluster_id, 10**9) is None
+    live = client_for(viewer).get(reverse("nodes:live", args=[node.cluster.slug, node.name]))
+    assert live.json() == {"at": now, "gpus": {"GPU-gpu-017": {
+        "util_pct": 97, "mem_used_bytes": None, "temp_c": None, "power_w": None}}}
+
+
 def test_the_node_page_has_the_charts_panel(client_for, viewer, node):
     text = client_for(viewer).get(node.get_absolute_url() + "?range=day").text
     assert 'data-charts-url="/c/prod-h200/nodes/gpu-017/charts/"' in text

@@ -243,30 +243,17 @@ def test_the_slurm_state_of_the_latest_hello_is_stored_and_listed(client_for, vi
 
 
 def test_in_production_the_list_reads_the_live_numbers_from_redis(client_for, viewer, cluster,
-                                                                  settings):
+                                                                  redis_live_store):
     """The production store (Redis, written by another process): the same numbers."""
     import asyncio
-    import os
-    from urllib.parse import urlsplit, urlunsplit
 
-    import redis
-
-    if not os.environ.get("REDIS_URL"):  # (the store fixture cleared the setting)
-        pytest.skip("needs Redis: run it with `make test`")
-    url = urlunsplit(urlsplit(os.environ["REDIS_URL"])._replace(path="/15"))
-    settings.REDIS_URL = url
-    reset_live_store()
     node = NodeFactory(cluster=cluster, name="gpu-001")
-    try:
-        writer = get_live_store()
-        record_sample(writer, node, [30, 50], temps=[61, 77])
-        asyncio.run(writer.flush())
-        reset_live_store()  # the view reads on a connection of its own, as another process
+    writer = redis_live_store()
+    record_sample(writer, node, [30, 50], temps=[61, 77])
+    asyncio.run(writer.flush())
+    reset_live_store()  # the view reads on a connection of its own, as another process
 
-        response = client_for(viewer).get(list_url(cluster))
+    response = client_for(viewer).get(list_url(cluster))
 
-        (row,) = response.context["nodes"]
-        assert (row.live["util_mean"], row.live["temp_max"]) == (40, 77)
-    finally:
-        with redis.Redis.from_url(url) as client:
-            client.flushdb()
+    (row,) = response.context["nodes"]
+    assert (row.live["util_mean"], row.live["temp_max"]) == (40, 77)
