@@ -19,7 +19,8 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from .oidc import FAILURE_SESSION_KEY, mapped_groups_by_role, provider_logout_url
 from .roles import Role, has_role
-from .services import record_audit
+from .services import client_ip, record_audit
+from .sign_in_limits import forget_failed_sign_ins, lockout, record_failed_sign_in
 
 MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
 
@@ -32,17 +33,46 @@ def safe_next(request):
     return ""
 
 
+def refuse_password_sign_in(request, action, username, reason):
+    """Audit a refused password sign-in; the object is the account, or the name tried when
+    there is no such account."""
+    account = get_user_model().objects.filter(username=username).first()
+    record_audit(None, action, account or get_user_model()(username=username), request=request,
+                 changes={"method": "password", "outcome": "refused", "reason": reason,
+                          "username": username})
+
+
 class LocalSignInView(auth_views.LoginView):
-    """Django's sign-in form for local accounts (OpenID Connect off), audited."""
+    """Django's sign-in form for local accounts (OpenID Connect off), audited and limited
+    (clusterui/sign_in_limits.py)."""
 
     redirect_authenticated_user = True
+
+    def post(self, request, *args, **kwargs):
+        username = request.POST.get("username", "")
+        locked = lockout(username, client_ip(request))
+        if locked is None:
+            return super().post(request, *args, **kwargs)
+        refuse_password_sign_in(request, "user.sign_in_refused", username, locked.reason)
+        form = self.get_form()
+        form.add_error(None, locked.message)
+        return self.render_to_response(self.get_context_data(form=form), status=429)
 
     def form_valid(self, form):
         response = super().form_valid(form)
         user = form.get_user()
+        forget_failed_sign_ins(user.get_username(), client_ip(self.request))
         record_audit(user, "user.sign_in", user, request=self.request,
                      changes={"method": "password"})
         return response
+
+    def form_invalid(self, form):
+        username = form.data.get("username", "")
+        if username:
+            record_failed_sign_in(username, client_ip(self.request))
+            refuse_password_sign_in(self.request, "user.sign_in_refused", username,
+                                    "wrong user name or password")
+        return super().form_invalid(form)
 
 
 local_sign_in = LocalSignInView.as_view()
@@ -106,7 +136,12 @@ class BreakGlassForm(forms.Form):
 
 def do_break_glass_sign_in(request, username, password):
     """Sign a local admin account in with its password, auditing the attempt whatever its
-    outcome. Returns the user, or None when refused (the audit entry says why)."""
+    outcome. Returns (the user, None); or (None, the Lockout) when the attempt was not looked
+    at, and (None, None) when it was refused (the audit entry says why)."""
+    locked = lockout(username, client_ip(request))
+    if locked is not None:
+        refuse_password_sign_in(request, "user.break_glass_sign_in", username, locked.reason)
+        return None, locked
     account = get_user_model().objects.filter(username=username).first()
     user = ModelBackend().authenticate(request, username=username, password=password)
     if account is None:
@@ -122,15 +157,14 @@ def do_break_glass_sign_in(request, username, password):
     else:
         reason = ""
     if reason:
-        # An unknown name has no row: the entry's object is the name that was tried.
-        target = account or get_user_model()(username=username)
-        record_audit(None, "user.break_glass_sign_in", target, request=request,
-                     changes={"outcome": "refused", "reason": reason, "username": username})
-        return None
+        record_failed_sign_in(username, client_ip(request))
+        refuse_password_sign_in(request, "user.break_glass_sign_in", username, reason)
+        return None, None
+    forget_failed_sign_ins(username, client_ip(request))
     auth.login(request, user, backend=MODEL_BACKEND)
     record_audit(user, "user.break_glass_sign_in", user, request=request,
                  changes={"outcome": "signed in", "username": username})
-    return user
+    return user, None
 
 
 @login_not_required
@@ -140,11 +174,16 @@ def break_glass(request):
     if not settings.CLUSTERUI_BREAK_GLASS:
         raise Http404("Break-glass sign-in is turned off (CLUSTERUI_BREAK_GLASS).")
     form = BreakGlassForm(request.POST or None)
+    status = 200
     if request.method == "POST" and form.is_valid():
-        user = do_break_glass_sign_in(
+        user, locked = do_break_glass_sign_in(
             request, form.cleaned_data["username"], form.cleaned_data["password"])
         if user is not None:
             return redirect(safe_next(request) or settings.LOGIN_REDIRECT_URL)
-        form.add_error(None, "Wrong user name or password, or not a local admin account.")
+        if locked is not None:
+            form.add_error(None, locked.message)
+            status = 429
+        else:
+            form.add_error(None, "Wrong user name or password, or not a local admin account.")
     return render(request, "registration/break_glass.html",
-                  {"form": form, "next": safe_next(request)})
+                  {"form": form, "next": safe_next(request)}, status=status)

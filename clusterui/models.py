@@ -218,3 +218,16 @@ class Identity(models.Model):
 
     def __str__(self):
         return f"{self.sub} at {self.issuer}"
+
+
+class FailedSignIn(models.Model):
+    """A password sign-in that was refused (local form or break-glass). Counted per account
+    name and per source address by clusterui/sign_in_limits.py; rows older than the
+    lockout window are deleted as new ones come."""
+
+    at = models.DateTimeField(db_index=True)
+    username = models.CharField(max_length=150, db_index=True)  # casefolded
+    source_ip = models.GenericIPAddressField(null=True, blank=True, db_index=True)
+
+    def __str__(self):
+        return f"{self.username} from {self.source_ip or 'unknown'} at {self.at:%Y-%m-%d %H:%M:%S}"

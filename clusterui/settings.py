@@ -296,6 +296,12 @@ OIDC_FORM_ACTION_ORIGINS = sorted({
 })
 # The break-glass sign-in for local admin accounts on /accounts/break-glass/ (404 when off).
 CLUSTERUI_BREAK_GLASS = envbool("CLUSTERUI_BREAK_GLASS", True)
+# Password guessing (local form and break-glass; clusterui/sign_in_limits.py): an account
+# name is locked from one address after this many refusals within the window, and an
+# address after ..._PER_ADDRESS over all names.
+CLUSTERUI_SIGN_IN_MAX_FAILURES = envint("CLUSTERUI_SIGN_IN_MAX_FAILURES", 5)
+CLUSTERUI_SIGN_IN_MAX_FAILURES_PER_ADDRESS = envint("CLUSTERUI_SIGN_IN_MAX_FAILURES_PER_ADDRESS", 20)
+CLUSTERUI_SIGN_IN_LOCKOUT_S = envint("CLUSTERUI_SIGN_IN_LOCKOUT_S", 900)
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = envstr("TIME_ZONE", "UTC")

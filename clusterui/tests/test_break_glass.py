@@ -62,7 +62,8 @@ def test_a_failed_attempt_is_refused_and_audited(client, root, username, passwor
     assert "_auth_user_id" not in client.session
     [entry] = attempts()
     assert entry.actor is None
-    assert entry.changes == {"outcome": "refused", "reason": reason, "username": username}
+    assert entry.changes == {"method": "password", "outcome": "refused", "reason": reason,
+                             "username": username}
     assert entry.object_repr == username
 
 
