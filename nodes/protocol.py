@@ -8,7 +8,8 @@ Samples are most of the traffic (one a second from every node), so they take a f
 orjson decodes them and a few set operations check them (_sample_is_valid). Whatever the
 fast path does not accept outright goes the exact way every other frame goes: the standard
 library's json and the schema below, which write the error messages. The one difference:
-an integer beyond 64 bits in a sample is read as a float (orjson's reading).
+an integer beyond 64 bits in a number field of a sample is read as a float (orjson's
+reading; in an integer field it sends the frame the exact way).
 """
 
 import json

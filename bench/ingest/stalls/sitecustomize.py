@@ -48,7 +48,8 @@ class Stalls:
         self.samples = collections.Counter()  # where the running callback was seen
         self.reset()
         self.next_line = time.monotonic() + EVERY_S
-        self.write(f"start pid {os.getpid()} threshold {gc.get_threshold()}")
+        self.write(f"start pid {os.getpid()} threshold {gc.get_threshold()} "
+                   f"switch interval {sys.getswitchinterval()}")
 
     def write(self, text):
         self.out.write(f"{time.time():.3f} {text}\n")
