@@ -46,6 +46,11 @@ def test_a_viewer_reads_gpu_hours_filters_and_downloads_the_csv(page, console):
     # plotly drew the chart (static/js/jobs.js, under the page's CSP).
     expect(page.locator("#jobs-chart .main-svg").first).to_be_attached(timeout=15_000)
     expect(page.locator("table.jobs tbody tr")).to_have_count(2)
+    # The chart outlives the live socket's summaries (static/js/live.js once wiped it).
+    page.evaluate("document.body.addEventListener('cluster-summary', () => "
+                  "{ document.body.dataset.summarySeen = 'yes'; })")
+    expect(page.locator("body")).to_have_attribute("data-summary-seen", "yes", timeout=15_000)
+    expect(page.locator("#jobs-chart .main-svg").first).to_be_attached()
     screenshot(page, "jobs")
 
     page.evaluate("window.jobsTestMarker = 'kept'")

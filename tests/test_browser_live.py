@@ -39,9 +39,9 @@ def test_the_overview_counts_a_joining_node_without_a_reload(page, console, daph
     # The live socket is open before anything happens, and the page starts empty.
     expect(page.locator("body")).to_have_attribute("data-live", "on")
     for state in NodeState:
-        assert text(page, f'[data-count="{state.value}"]') == "0", state
+        assert text(page, f'[data-live-count="{state.value}"]') == "0", state
     # "no" as the server rendered it, "–" once the first (empty) summary came.
-    assert text(page, '[data-usage="gpus_reporting"]') in ("no", "–")
+    assert text(page, '[data-live-usage="gpus_reporting"]') in ("no", "–")
     assert page.locator('ul.figures[data-live-when="reporting"]').is_hidden()
 
     # Anything that reloads the page or navigates away loses this, and counts a navigation.
@@ -53,14 +53,14 @@ def test_the_overview_counts_a_joining_node_without_a_reload(page, console, daph
     agent = processes.agent("gpu-001", daphne_server, token=join_token)
     # A node that just said hello for the first time is booting (its boot window is open).
     # (Playwright's expect polls the DOM without eval, which the page's CSP forbids.)
-    expect(page.locator('[data-count="booting"]')).to_have_text("1", timeout=30_000)
-    expect(page.locator('[data-usage="gpus_reporting"]')).to_have_text("8", timeout=30_000)
+    expect(page.locator('[data-live-count="booting"]')).to_have_text("1", timeout=30_000)
+    expect(page.locator('[data-live-usage="gpus_reporting"]')).to_have_text("8", timeout=30_000)
     expect(page.locator('ul.figures[data-live-when="reporting"]')).to_be_visible()
-    assert text(page, '[data-count="pending"]') == "0"
+    assert text(page, '[data-live-count="pending"]') == "0"
     assert Node.objects.get(cluster=cluster, name="gpu-001").state == NodeState.BOOTING
     # The timeline followed too (htmx refetches it when the summary says it moved).
     expect(page.locator("table.timeline")).to_contain_text("gpu-001")
-    util = text(page, '[data-usage="gpu_util_pct"]')
+    util = text(page, '[data-live-usage="gpu_util_pct"]')
     assert util.endswith(" %") and 0 <= int(util.removesuffix(" %")) <= 100, util
 
     assert page.evaluate("window.liveTestMarker") == MARKER
@@ -84,7 +84,7 @@ def test_the_usage_chart_of_a_cluster_without_history_shows_the_live_points(
     sign_in(page, "vera", "password")
     expect(page.locator("body")).to_have_attribute("data-live", "on")
     processes.agent("gpu-001", daphne_server, token=join_token)
-    expect(page.locator('[data-usage="gpus_reporting"]')).to_have_text("8", timeout=30_000)
+    expect(page.locator('[data-live-usage="gpus_reporting"]')).to_have_text("8", timeout=30_000)
 
     # Read through page.evaluate (DevTools), not wait_for_function: the page's CSP forbids eval.
     chart = "document.getElementById('usage-chart')"

@@ -66,7 +66,7 @@ def test_a_viewer_signs_in_and_sees_the_overview(page, console, fleet):
     assert urlsplit(page.url).path == overview
 
     for state in NodeState:
-        shown = page.locator(f'[data-count="{state.value}"]').inner_text()
+        shown = page.locator(f'[data-live-count="{state.value}"]').inner_text()
         in_db = Node.objects.filter(cluster=cluster, state=state).count()
         assert int(shown) == in_db == NODES_PER_STATE[state], state
 

@@ -59,7 +59,7 @@ def test_gpu_hours_and_cost_count_the_part_of_each_job_inside_the_period(
                                                  "bob": ("4.00", "10.00")}
     assert usage_rows(html, "usage-by-account") == {"vision": ("4.00", "10.00"),
                                                     "research": ("3.00", "7.50")}
-    assert 'data-usage=' in html and 'aria-current="page">Jobs<' in html
+    assert 'data-chart=' in html and 'aria-current="page">Jobs<' in html
     listed = [j.job_id for j in response.context["page"]]
     assert listed == ["2", "4", "1"]
 

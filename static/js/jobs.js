@@ -3,8 +3,8 @@
 (function () {
   function draw() {
     const el = document.getElementById("jobs-chart");
-    if (!el || !el.dataset.usage || !window.Plotly) return;
-    const s = JSON.parse(el.dataset.usage);
+    if (!el || !el.dataset.chart || !window.Plotly) return;
+    const s = JSON.parse(el.dataset.chart);
     const traces = [
       { type: "bar", name: "by user", x: s.users, y: s.user_gpu_hours, marker: { color: "#2f5bd1" } },
       { type: "bar", name: "by account", x: s.accounts, y: s.account_gpu_hours, xaxis: "x2", yaxis: "y2", marker: { color: "#2e9e5b" } },

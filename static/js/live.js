@@ -1,7 +1,9 @@
 // The page's live socket: one cluster summary a second from /ws/live/cluster/<slug>/.
-// It fills [data-count] and [data-usage] in place, tells other widgets through DOM events
-// ("cluster-summary" with the summary; "cluster-changed" when the timeline moved, which htmx
-// widgets listen to with hx-trigger="cluster-changed from:body"), and reconnects on loss.
+// It fills [data-live-count] and [data-live-usage] in place and shows [data-live-when] (it
+// touches only data-live-* attributes, never another widget's), tells other widgets through
+// DOM events ("cluster-summary" with the summary; "cluster-changed" when the timeline moved,
+// which htmx widgets listen to with hx-trigger="cluster-changed from:body"), and reconnects
+// on loss.
 // Other messages name their type and become DOM events too: "health.changed" is dispatched
 // as "health-changed" (static/js/health.js).
 (function () {
@@ -21,13 +23,13 @@
 
   function apply(summary) {
     Object.entries(summary.counts).forEach(function ([state, n]) {
-      document.querySelectorAll('[data-count="' + state + '"]').forEach(function (el) {
+      document.querySelectorAll('[data-live-count="' + state + '"]').forEach(function (el) {
         el.textContent = n;
       });
     });
     const usage = summary.usage || {};
-    document.querySelectorAll("[data-usage]").forEach(function (el) {
-      el.textContent = format(el.dataset.usage, usage[el.dataset.usage]);
+    document.querySelectorAll("[data-live-usage]").forEach(function (el) {
+      el.textContent = format(el.dataset.liveUsage, usage[el.dataset.liveUsage]);
     });
     document.querySelectorAll("[data-live-when]").forEach(function (el) {
       el.hidden = (el.dataset.liveWhen === "reporting") !== Boolean(summary.usage);
