@@ -5,6 +5,7 @@ from healthchecks.models import HealthEvent
 
 from .choices import NodeState
 from .models import Node
+from .script_models import NodeRole
 
 # Sorts done by the database; "util" and "temp" sort by the live store's numbers (views.py).
 DB_SORTS = {
@@ -19,12 +20,13 @@ SORT_CHOICES = [("name", "name"), ("state", "state"), ("util", "GPU utilization"
 
 class NodeFilter(django_filters.FilterSet):
     state = django_filters.ChoiceFilter(choices=NodeState.choices, empty_label="any state")
+    role = django_filters.ChoiceFilter(choices=NodeRole.choices, empty_label="any role")
     signature = django_filters.CharFilter(method="with_open_signature", label="signature")
     name = django_filters.CharFilter(method="matching_text", label="search")
 
     class Meta:
         model = Node
-        fields = ["state", "signature", "name"]
+        fields = ["state", "role", "signature", "name"]
 
     def with_open_signature(self, queryset, name, value):
         """Nodes with an open health event of that signature."""

@@ -96,7 +96,7 @@ def node_list_context(cluster, params):
             "bulk_checks": RunCheckForm(cluster=None).fields["check"].choices,
             "node_roles": NodeRole.choices,
             "open_signatures": [row["signature"] for row in open_events_by_signature(cluster)],
-            "filtered": any(params.get(key) for key in ("state", "signature", "name"))}
+            "filtered": any(params.get(key) for key in NodeFilter.base_filters)}
 
 
 def _page_by_live_number(matching, live, sort, page_number):

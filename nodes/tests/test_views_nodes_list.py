@@ -154,6 +154,23 @@ def test_the_grid_shows_one_tile_per_node_linking_to_it(client_for, viewer, clus
     assert response.context["page"] is None  # every node on one screen, no pages
 
 
+def test_the_list_shows_and_filters_by_role(client_for, viewer, cluster):
+    NodeFactory(cluster=cluster, name="gpu-001")
+    NodeFactory(cluster=cluster, name="login-1", role="login")
+    client = client_for(viewer)
+
+    def names(query):
+        return [n.name for n in client.get(list_url(cluster, query)).context["nodes"]]
+
+    assert names("?role=login") == ["login-1"]
+    assert names("?role=worker") == ["gpu-001"]
+    response = client.get(list_url(cluster))
+    assert "<th>role</th>" in response.text and "<td>login</td>" in response.text
+    refused = client.get(list_url(cluster, "?role=gpu"))
+    assert list(refused.context["nodes"]) == [] and "Select a valid choice" in refused.text
+    assert "No node matches these filters." in client.get(list_url(cluster, "?role=controller")).text
+
+
 def test_the_grid_keeps_the_filters(client_for, viewer, cluster):
     NodeFactory(cluster=cluster, name="gpu-001", state=NodeState.HEALTHY)
     NodeFactory(cluster=cluster, name="gpu-002", state=NodeState.PAUSED)
