@@ -16,7 +16,7 @@ import math
 import os
 import time
 import uuid
-from datetime import datetime, timezone as dt_timezone
+from datetime import datetime, timedelta, timezone as dt_timezone
 
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
@@ -25,11 +25,12 @@ from django.db import close_old_connections, transaction
 from django.db.models import Count, Max
 
 from clusterui.models import Cluster
+from healthchecks.models import CheckRun
 from healthchecks.slow_gpus import SlowGpuWatch
 
 from .choices import NodeState
 from .live import get_live_store
-from .models import Node, NodeTransition, PublisherStatus
+from .models import AgentCommand, Node, NodeTransition, PublisherStatus
 from .rollups import RollupAccumulator, fresh_entries, summarize_usage, write_rollups
 from .slow_gpu_events import (
     GPU_MODELS_REFRESH_S,
@@ -99,12 +100,7 @@ OFFER_AGAIN_AFTER_S = 2.0
 
 def read_queued_offers(now):
     """(group, message) for each command and check run still queued for a connected node."""
-    from datetime import timedelta
-
-    from healthchecks.models import CheckRun
-
-    from .consumers import agent_group
-    from .models import AgentCommand
+    from .consumers import agent_group  # here: the consumers import this module
 
     close_old_connections()
     asked_before = now - timedelta(seconds=OFFER_AGAIN_AFTER_S)
