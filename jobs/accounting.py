@@ -41,10 +41,10 @@ def overlapping(jobs, period_start, period_end):
 
 
 def usage_by_user_and_account(jobs, period_start, period_end, now):
-    """({user: Usage}, {account: Usage}) of the jobs with GPUs in the period; one query."""
+    """({user: Usage}, {account: Usage}) of `jobs` (already overlapping(), as the Jobs page
+    lists them) with GPUs, counted inside the period; one query."""
     users, accounts = {}, {}
-    rows = overlapping(jobs, period_start, period_end).filter(gpus__gt=0).values_list(
-        "user", "account", "gpus", "start", "end")
+    rows = jobs.filter(gpus__gt=0).values_list("user", "account", "gpus", "start", "end")
     for user, account, gpus, start, end in rows:
         seconds = gpu_seconds_in_period(gpus, start, end, period_start, period_end, now)
         for table, key in ((users, user), (accounts, account)):
