@@ -231,3 +231,52 @@ class FailedSignIn(models.Model):
 
     def __str__(self):
         return f"{self.username} from {self.source_ip or 'unknown'} at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class Change(models.Model):
+    """One row of the change feed (DESIGN.md "Data flow"): something a person or another
+    part of the system must react to changed, in the transaction that wrote this row.
+
+    Services append rows (clusterui.changes.record_change); readers (the publisher, the
+    recommender) never import the writers, and read through clusterui.changes.read_changes.
+    node_id and object_id are plain values: the feed sits below the apps it speaks of.
+    """
+
+    class Kind(models.TextChoices):
+        NODE_STATE = "node_state", "a node's state"
+        HEALTH_EVENT = "health_event", "a health event"
+        REPAIR = "repair", "a repair"
+        CHECK_RUN = "check_run", "a check run"
+        SCRIPT_RUN = "script_run", "a startup script run"
+        AGENT_WORK = "agent_work", "work queued for a node's agent"
+        AGENT_CONFIG = "agent_config", "a node's agent configuration"
+
+    id = models.BigAutoField(primary_key=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="+")
+    node_id = models.BigIntegerField(null=True, blank=True)
+    object_id = models.CharField(max_length=64, blank=True,
+                                 help_text="what changed: a pk, or for agent work 'kind:pk'")
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["at"])]
+
+    def __str__(self):
+        return f"change {self.pk}: {self.kind} {self.object_id}"
+
+
+class FeedCursor(models.Model):
+    """Where one reader of the change feed stands: the highest id it has read, and the ids
+    below it that were not committed yet when it read (PostgreSQL hands ids out before
+    commit), to be read once they commit (or forgotten after a while: rolled back)."""
+
+    reader = models.CharField(max_length=32, primary_key=True)
+    last_id = models.BigIntegerField(default=0)
+    gaps = models.JSONField(default=dict, blank=True,
+                            help_text="{id: unix time it was first missed}")
+    read_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"{self.reader} at {self.last_id}"

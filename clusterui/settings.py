@@ -401,12 +401,15 @@ def every(seconds, task):
 
 CELERY_BEAT_SCHEDULE = {
     "refresh-node-states": every(10.0, "nodes.tasks.refresh_due_node_states"),
-    "sweep-heartbeats": every(1.0, "nodes.tasks.sweep_heartbeats"),
+    "sweep-heartbeats": every(1.0, "healthchecks.tasks.sweep_heartbeats"),
     "prune-rollups": every(3600.0, "nodes.tasks.prune_rollups"),
+    "prune-changes": every(3600.0, "clusterui.tasks.prune_changes"),
     "sweep-health-events": every(60.0, "healthchecks.tasks.sweep_health_events"),
     "expire-check-runs": every(30.0, "healthchecks.tasks.expire_check_runs"),
     "expire-agent-commands": every(30.0, "nodes.tasks.expire_commands"),
     "advance-repairs": every(5.0, "repairs.tasks.advance_repairs"),
+    "recommend-from-changes": every(1.0, "repairs.tasks.recommend_from_changes"),
+    "sweep-recommendations": every(60.0, "repairs.tasks.sweep_recommendations"),
     "import-jobs": every(60.0, "jobs.tasks.import_jobs"),
 }
 
@@ -424,6 +427,8 @@ CLUSTERUI_HEARTBEAT_INTERVALS = envint("CLUSTERUI_HEARTBEAT_INTERVALS", 3)
 CLUSTERUI_HEARTBEAT_GRACE_S = envint("CLUSTERUI_HEARTBEAT_GRACE_S", 30)
 # Per-minute rollups are kept this long (long-term history belongs in Prometheus).
 CLUSTERUI_ROLLUP_RETENTION_DAYS = envint("CLUSTERUI_ROLLUP_RETENTION_DAYS", 30)
+# Rows of the change feed (clusterui/changes.py) are kept this long.
+CLUSTERUI_CHANGE_RETENTION_DAYS = envint("CLUSTERUI_CHANGE_RETENTION_DAYS", 7)
 # Bearer token Prometheus presents at /metrics; /metrics is off while it is unset.
 CLUSTERUI_METRICS_TOKEN = envsecret("CLUSTERUI_METRICS_TOKEN")
 # Node pages link to Grafana when this is set: a URL with {node} and {cluster} in it.

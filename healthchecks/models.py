@@ -3,7 +3,7 @@ import uuid
 from django.conf import settings
 from django.db import models
 
-from nodes.models import Gpu, Node
+from nodes.models import AgentWork, Gpu, Node
 
 from .choices import Severity, Source
 
@@ -104,11 +104,8 @@ class CheckRunQuerySet(models.QuerySet):
         return self.filter(status__in=CheckRun.UNFINISHED)
 
 
-class CheckRun(models.Model):
-    """One active check asked of one node's agent (PROTOCOL.md `run_check`), and its result.
-
-    The run's primary key is the protocol's `run_id`; pages and URLs use `public_id`.
-    """
+class CheckRun(AgentWork):
+    """One active check asked of one node's agent (PROTOCOL.md `run_check`), and its result."""
 
     class Status(models.TextChoices):
         QUEUED = "queued", "queued"  # not yet handed to a connection of the node's agent
@@ -125,31 +122,20 @@ class CheckRun(models.Model):
 
     UNFINISHED = (Status.QUEUED, Status.RUNNING)
 
-    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="check_runs")
     check_name = models.CharField("check", max_length=32)
     params = models.JSONField(default=dict, blank=True)
     purpose = models.CharField(max_length=16, choices=Purpose.choices)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
-    requested_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    requested_at = models.DateTimeField()
     boot_id = models.CharField(max_length=64, blank=True, help_text="the node's boot when asked")
-    dispatched_at = models.DateTimeField(null=True, blank=True)
-    sent_at = models.DateTimeField(null=True, blank=True)
-    deadline_at = models.DateTimeField()
-    finished_at = models.DateTimeField(null=True, blank=True)
     metrics = models.JSONField(default=dict, blank=True)
-    message = models.TextField(blank=True)
     health_event = models.ForeignKey(
         HealthEvent, null=True, blank=True, on_delete=models.SET_NULL, related_name="check_runs"
     )
 
     objects = CheckRunQuerySet.as_manager()
 
-    class Meta:
-        ordering = ["-requested_at", "-id"]
+    class Meta(AgentWork.Meta):
         indexes = [
             models.Index(fields=["node", "purpose", "requested_at"]),
             models.Index(fields=["status", "deadline_at"]),
@@ -157,10 +143,6 @@ class CheckRun(models.Model):
 
     def __str__(self):
         return f"{self.check_name} on {self.node.name} ({self.status})"
-
-    @property
-    def is_finished(self):
-        return self.status not in self.UNFINISHED
 
     @property
     def duration_s(self):

@@ -1,4 +1,6 @@
-"""Writes for health events. Opening or closing one refreshes its node's state."""
+"""Writes for health events and active checks. Each change that matters to a node's state
+hands the node its health facts (refresh_health_facts); each change others react to appends
+a change row (the publisher pushes "health.changed", the recommender reads it)."""
 
 from datetime import timedelta
 
@@ -7,31 +9,53 @@ from django.db.models import F, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from nodes.states import refresh_node_state
-
-from clusterui.realtime import Throttle
+from clusterui.changes import Kind, record_change
 from clusterui.services import record_audit
+from nodes import agent_work
+from nodes.states import refresh_node_state
 
 from .checks import ACCEPTANCE_CHECKS, AFTER_REBOOT_CHECKS, CHECKS, params_for
 from .choices import NODE_AFFECTING, Severity, Source
 from .models import CheckRun, HealthEvent, Silence
+from .queries import describe_open_problems, open_problem_events
 
 
-# Open Health checks tabs refresh their table on "health.changed". An Xid storm counts on one
-# event thousands of times a second: at most one message a second per cluster (per process).
-health_changes = Throttle(interval_s=1.0)
+def announce_health_change(event):
+    """A change row for the event (in the caller's transaction): the open Health checks tabs
+    of its cluster re-fetch, and the recommender looks at its node again."""
+    record_change(Kind.HEALTH_EVENT, cluster_id=event.node.cluster_id, node_id=event.node_id,
+                  object_id=event.pk)
 
 
-def announce_health_change(node):
-    """Once the transaction commits, the open Health checks tabs of the node's cluster hear
-    that its health events changed (not at all if it rolls back)."""
-    from nodes.publisher import cluster_group  # here: the publisher imports health services
+def acceptance_detail(node):
+    """Where a node's acceptance battery stands: running, or which checks did not pass."""
+    latest = latest_runs(node, CheckRun.Purpose.ACCEPTANCE, ACCEPTANCE_CHECKS, node.joined_at)
+    if not latest:
+        return "acceptance tests have not started"
+    if any(run.status in CheckRun.UNFINISHED for run in latest.values()):
+        return "running acceptance tests"
+    failed = [f"{name} {latest[name].get_status_display()}" for name in ACCEPTANCE_CHECKS
+              if name in latest and latest[name].status != CheckRun.Status.PASSED]
+    return "acceptance tests did not pass: " + ", ".join(failed) if failed else ""
 
-    slug = node.cluster.slug
-    transaction.on_commit(
-        lambda: health_changes.broadcast(cluster_group(slug), "health.changed", cluster=slug),
-        robust=True,  # committed is committed: a channel layer down loses only the live update
-    )
+
+def health_facts(node, now):
+    """The node's facts this app owns (nodes.states.HANDED_DOWN)."""
+    checks_running = CheckRun.objects.unfinished().filter(
+        node=node, purpose=CheckRun.Purpose.AFTER_REBOOT, boot_id=node.boot_id).exists()
+    return {
+        "open_problem": describe_open_problems(open_problem_events(node, now)),
+        "acceptance_detail": acceptance_detail(node) if node.acceptance_required else "",
+        "checks_running_for_boot": node.boot_id if checks_running else "",
+    }
+
+
+def refresh_health_facts(node, *, actor=None, reason="", now=None):
+    """Hand the node its health facts and recompute its state (nodes.states)."""
+    now = now or timezone.now()
+    node = type(node).objects.get(pk=node.pk)
+    return refresh_node_state(node, actor=actor, reason=reason, now=now,
+                              **health_facts(node, now))
 
 
 @transaction.atomic
@@ -45,14 +69,15 @@ def do_record_health_event(
     and a signal that loses the race to open it counts on the winner's event.
     """
     now = now or timezone.now()
-    announce_health_change(node)
     same = HealthEvent.objects.open().filter(node=node, gpu=gpu, signature=signature)
     changes = {"count": F("count") + count, "last_seen": Greatest("last_seen", Value(now))}
     if message:
         changes["message"] = message
     for _ in range(2):
         if same.update(**changes):
-            return same.get()
+            event = same.get()
+            announce_health_change(event)
+            return event
         try:
             with transaction.atomic():
                 event = HealthEvent.objects.create(
@@ -62,19 +87,10 @@ def do_record_health_event(
                 )
         except IntegrityError:
             continue  # opened a moment ago by another worker: count on that one
-        refresh_node_state(node, reason=f"{signature} opened", now=now)
-        recommend_repair_after_commit(node)
+        announce_health_change(event)
+        refresh_health_facts(node, reason=f"{signature} opened", now=now)
         return event
     raise RuntimeError(f"cannot record {signature} on {node}: the open event keeps changing")
-
-
-def recommend_repair_after_commit(node):
-    """A new problem on the node: the repairs app looks for a repair to recommend (a task,
-    so the agent's frame is acked without waiting for it)."""
-    from repairs.tasks import recommend_repair
-
-    node_id = node.pk
-    transaction.on_commit(lambda: recommend_repair.delay(node_id), robust=True)
 
 
 @transaction.atomic
@@ -84,9 +100,9 @@ def do_close_health_event(event, *, reason, actor=None, now=None):
         closed_at=now, closed_reason=reason[:255], closed_by=actor
     )
     if closed:
-        refresh_node_state(event.node, actor=actor, reason=f"{event.signature} closed: {reason}",
-                           now=now)
-        announce_health_change(event.node)
+        refresh_health_facts(event.node, actor=actor,
+                             reason=f"{event.signature} closed: {reason}", now=now)
+        announce_health_change(event)
     event.refresh_from_db()
     return bool(closed)
 
@@ -101,7 +117,7 @@ def do_acknowledge_event(event, *, actor, request=None, now=None):
     if done:
         record_audit(actor, "healthevent.acknowledge", event, cluster=event.node.cluster,
                      request=request, now=now)
-        announce_health_change(event.node)
+        announce_health_change(event)
     event.refresh_from_db()
     return bool(done)
 
@@ -127,7 +143,8 @@ def do_silence_signature(node, *, signature, hours, reason, actor, request=None,
         created_at=now, created_by=actor)
     record_audit(actor, "silence.create", silence, cluster=node.cluster, request=request,
                  changes={"signature": signature, "hours": hours, "reason": reason}, now=now)
-    refresh_node_state(node, actor=actor, reason=f"{signature} silenced for {hours:g} h", now=now)
+    refresh_health_facts(node, actor=actor, reason=f"{signature} silenced for {hours:g} h",
+                         now=now)
     return silence
 
 
@@ -152,7 +169,8 @@ def refresh_ended_silences(since, now=None):
     now = now or timezone.now()
     ended = Silence.objects.filter(until__gt=since, until__lte=now).select_related("node")
     for silence in ended:
-        refresh_node_state(silence.node, reason=f"silence on {silence.signature} ended", now=now)
+        refresh_health_facts(silence.node, reason=f"silence on {silence.signature} ended",
+                             now=now)
     return len(ended)
 
 
@@ -168,25 +186,40 @@ def run_check_frame(run):
     return {"type": "run_check", "run_id": run.pk, "check": run.check_name, "params": run.params}
 
 
-def offer_run_to_agent(run_id, node_id):
-    """Tell the node's agent connection, wherever it is served, that a run waits for it.
-    Nothing listens while the agent is offline: its next hello picks the run up."""
-    from clusterui.realtime import broadcast
-    from nodes.consumers import agent_group
+def _why_late(run):
+    if run.sent_at:
+        return "no result in time: the agent did not answer"
+    return "no result in time: the node's agent was not connected"
 
-    broadcast(agent_group(node_id), "check.run", run_id=run_id)
+
+def _after_timeout(run, now):
+    _after_run_finished(run, now)
+
+
+# Check runs are one kind of agent work (nodes.agent_work: queued, sent, offered, expired).
+CHECK_RUNS = agent_work.WorkKind(
+    name="check_run", model=CheckRun, unanswered=CheckRun.UNFINISHED,
+    unfinished=CheckRun.UNFINISHED, sent=CheckRun.Status.RUNNING,
+    timed_out=CheckRun.Status.TIMED_OUT, frame=run_check_frame, why_late=_why_late,
+    after_timeout=_after_timeout,
+)
+
+
+def announce_run_change(run):
+    record_change(Kind.CHECK_RUN, cluster_id=run.node.cluster_id, node_id=run.node_id,
+                  object_id=run.pk)
 
 
 @transaction.atomic
 def do_request_check(node, check_name, *, purpose=CheckRun.Purpose.ON_DEMAND, actor=None,
-                     request=None, now=None):
+                     request=None, reason="", now=None):
     """Ask the node's agent to run a check. Returns (run, created): while the same check is
     still unfinished on the node for the same purpose, that run is returned and no second
     one starts (a double click, two operators)."""
     if check_name not in CHECKS:
         raise ValueError(f"unknown check {check_name!r}")
     now = now or timezone.now()
-    node = type(node).objects.select_for_update().select_related("cluster").get(pk=node.pk)
+    node = type(node).objects.select_for_update().get(pk=node.pk)
     running = CheckRun.objects.unfinished().filter(
         node=node, check_name=check_name, purpose=purpose).first()
     if running is not None:
@@ -202,32 +235,22 @@ def do_request_check(node, check_name, *, purpose=CheckRun.Purpose.ON_DEMAND, ac
         record_audit(actor, "checkrun.request", run, cluster=node.cluster, request=request,
                      changes={"node": node.name, "check": check_name, "purpose": purpose},
                      now=now)
-    transaction.on_commit(lambda: offer_run_to_agent(run.pk, node.pk))
+    agent_work.queue_work(CHECK_RUNS, run, now=now)
+    announce_run_change(run)
+    if purpose != CheckRun.Purpose.ON_DEMAND:  # acceptance and post-reboot runs hold the node
+        refresh_health_facts(node, reason=reason, now=now)
     return run, True
 
 
-def do_request_checks(node, check_names, *, purpose, actor=None, request=None, now=None):
+def do_request_checks(node, check_names, *, purpose, actor=None, request=None, reason="",
+                      now=None):
     """Several checks at once (a battery); the agent runs them one after another.
     Returns [(run, created)] as do_request_check does."""
     return [
-        do_request_check(node, name, purpose=purpose, actor=actor, request=request, now=now)
+        do_request_check(node, name, purpose=purpose, actor=actor, request=request,
+                         reason=reason, now=now)
         for name in check_names
     ]
-
-
-def do_mark_check_sent(node_id, run_id, now=None):
-    """The run's run_check frame, marked as handed to the agent's connection; None when the
-    run is finished or not this node's."""
-    now = now or timezone.now()
-    sent = CheckRun.objects.filter(pk=run_id, node_id=node_id, status__in=CheckRun.UNFINISHED)
-    if not sent.update(status=CheckRun.Status.RUNNING, sent_at=now):
-        return None
-    return run_check_frame(sent.get())
-
-
-def unfinished_run_ids(node_id):
-    return list(CheckRun.objects.unfinished().filter(node_id=node_id).order_by("id")
-                .values_list("id", flat=True))
 
 
 @transaction.atomic
@@ -260,6 +283,7 @@ def do_record_check_result(node, *, run_id, status, metrics=None, message="", no
 
 
 def _after_run_finished(run, now):
+    announce_run_change(run)
     if run.purpose == CheckRun.Purpose.ACCEPTANCE:
         judge_acceptance(run.node, now=now)
     elif run.purpose == CheckRun.Purpose.AFTER_REBOOT:
@@ -285,9 +309,9 @@ def judge_acceptance(node, now=None):
     if passed and (node.acceptance_passed_at is None
                    or node.acceptance_passed_at < node.joined_at):
         type(node).objects.filter(pk=node.pk).update(acceptance_passed_at=now)
-        refresh_node_state(node, reason="acceptance tests passed", now=now)
+        refresh_health_facts(node, reason="acceptance tests passed", now=now)
     else:
-        refresh_node_state(node, now=now)
+        refresh_health_facts(node, now=now)
     return passed
 
 
@@ -317,7 +341,7 @@ def judge_after_reboot(node, *, boot_id, now=None):
         reason = f"rebooted and passed {', '.join(AFTER_REBOOT_CHECKS)}"
         for event in edge_events_a_reboot_settles(node).filter(first_seen__lt=node.booted_at):
             do_close_health_event(event, reason=reason, now=now)
-    refresh_node_state(node, reason="checks after reboot finished" if passed else "", now=now)
+    refresh_health_facts(node, reason="checks after reboot finished" if passed else "", now=now)
     return passed
 
 
@@ -332,25 +356,7 @@ def start_checks_after_hello(node, *, rebooted, now=None):
                                           requested_at__gte=node.joined_at)
         if not started.exists():
             do_request_checks(node, ACCEPTANCE_CHECKS, purpose=CheckRun.Purpose.ACCEPTANCE,
-                              now=now)
-            refresh_node_state(node, reason="acceptance tests started", now=now)
+                              reason="acceptance tests started", now=now)
     if rebooted and edge_events_open(node).filter(severity__in=NODE_AFFECTING).exists():
         do_request_checks(node, AFTER_REBOOT_CHECKS, purpose=CheckRun.Purpose.AFTER_REBOOT,
-                          now=now)
-        refresh_node_state(node, reason="checking the GPUs after the reboot", now=now)
-
-
-def expire_check_runs(now=None):
-    """Runs past their deadline without a result time out. Returns how many."""
-    now = now or timezone.now()
-    expired = 0
-    for run in CheckRun.objects.unfinished().filter(deadline_at__lte=now).select_related("node"):
-        with transaction.atomic():
-            why = ("no result in time: the agent did not answer" if run.sent_at else
-                   "no result in time: the node's agent was not connected")
-            done = CheckRun.objects.filter(pk=run.pk, status__in=CheckRun.UNFINISHED).update(
-                status=CheckRun.Status.TIMED_OUT, finished_at=now, message=why)
-            if done:
-                expired += 1
-                _after_run_finished(run, now)
-    return expired
+                          reason="checking the GPUs after the reboot", now=now)

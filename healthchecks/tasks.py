@@ -3,9 +3,17 @@ from datetime import timedelta
 from celery import shared_task
 from django.utils import timezone
 
-from . import services
+from nodes import agent_work
+
+from . import heartbeats, services
 
 SWEEP_EVERY_S = 60.0
+
+
+@shared_task
+def sweep_heartbeats():
+    """Beat, every second: open heartbeat_lost for silent nodes, close it for those back."""
+    return heartbeats.sweep_heartbeats()
 
 
 @shared_task
@@ -21,4 +29,4 @@ def sweep_health_events():
 @shared_task
 def expire_check_runs():
     """Beat, every 30 s: runs past their deadline without a result time out."""
-    return services.expire_check_runs()
+    return agent_work.expire_work(services.CHECK_RUNS)

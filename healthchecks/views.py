@@ -107,12 +107,11 @@ RUNS_PAGE_SIZE = 50
 
 
 def check_runs_context(cluster, runs, params, page_number=None, node=None):
-    """The check-run table's context: a page of `runs`, and whether it is still moving
-    (then the table refreshes itself every few seconds)."""
+    """The check-run table's context: a page of `runs`, and the query it re-fetches itself
+    with when the live socket says a check run changed ("check.changed")."""
     page = Paginator(runs, RUNS_PAGE_SIZE).get_page(page_number)
     return {"cluster": cluster, "runs_page": page, "runs_node": node,
-            "runs_refresh_query": params.urlencode(),
-            "runs_moving": any(not run.is_finished for run in page)}
+            "runs_refresh_query": params.urlencode()}
 
 
 @require_GET

@@ -15,10 +15,15 @@ from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
+
+from clusterui.models import Cluster
+from clusterui.roles import Role, has_role
+from common.groups import agent_group, cluster_group
+
 from . import ingest
 from .live import get_live_store, live_entry
 from .protocol import MAX_FRAME_BYTES, BadFrame, parse_frame
-from .publisher import cluster_group, ensure_publisher
+from .publisher import ensure_publisher
 
 logger = logging.getLogger(__name__)
 
@@ -38,10 +43,6 @@ def bearer_token(scope):
             if scheme.lower() == "bearer":
                 return token.strip()
     return None
-
-
-def agent_group(node_id):
-    return f"agent.node.{node_id}"
 
 
 class AgentConsumer(AsyncWebsocketConsumer):
@@ -183,8 +184,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             welcome["node_token"] = outcome.node_token
         await self.send_frame(welcome)
         await self.send_frame(await database_sync_to_async(ingest.config_frame)(self.node_id))
-        await self.send_run_checks()
-        await self.send_commands()
+        for work in await database_sync_to_async(ingest.work_frames_after_hello)(self.node_id):
+            await self.send_frame(work)
 
     async def agent_replaced(self, message):
         """A newer connection for this node said hello: this one goes (PROTOCOL.md, 4409)."""
@@ -214,14 +215,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 "message": f"check_result.run_id: no run {frame['run_id']} for this node",
             })
 
-    async def check_run(self, message):
-        """A check run waits for this node's agent (healthchecks.services.do_request_check)."""
+    async def work_offer(self, message):
+        """Work was queued for this node's agent (nodes.agent_work, offered by the publisher
+        from the change feed)."""
         if self.node_id is None or self.closed:
             return
-        await self.send_run_checks([message["run_id"]])
-
-    async def send_run_checks(self, run_ids=None):
-        frames = await database_sync_to_async(ingest.run_check_frames_for)(self.node_id, run_ids)
+        frames = await database_sync_to_async(ingest.work_frames)(
+            self.node_id, message["kind"], [message["id"]])
         for frame in frames:
             await self.send_frame(frame)
 
@@ -232,24 +232,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 "message": f"command_result.id: no command {frame['id']} for this node",
             })
 
-    async def command_send(self, message):
-        """A command waits for this node's agent (nodes.services.do_send_command)."""
-        if self.node_id is None or self.closed:
-            return
-        await self.send_commands([message["command_id"]])
-
-    async def send_commands(self, command_ids=None):
-        frames = await database_sync_to_async(ingest.command_frames_for)(self.node_id,
-                                                                         command_ids)
-        for frame in frames:
-            await self.send_frame(frame)
-
     async def on_script_result(self, frame):
         await database_sync_to_async(ingest.record_script_result)(self.node_id, frame)
 
     async def config_changed(self, message):
-        """An admin saved a startup script or changed the node's role
-        (nodes.scripts.announce_config_changed)."""
+        """An admin saved a startup script or changed the node's role (an AGENT_CONFIG change,
+        offered by the publisher)."""
         if self.node_id is None or self.closed:
             return
         await self.send_frame(await database_sync_to_async(ingest.config_frame)(self.node_id))
@@ -257,7 +245,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
 class LiveClusterConsumer(AsyncWebsocketConsumer):
     """/ws/live/cluster/<slug>/: a signed-in browser gets the cluster summary once a second,
-    and {"type": "health.changed"} when the cluster's health events change."""
+    and, from the change feed (nodes.publisher), {"type": "health.changed"},
+    {"type": "repair.changed"} or {"type": "check.changed"} when the cluster's health
+    events, repairs or check runs change."""
 
     group = None
 
@@ -283,20 +273,23 @@ class LiveClusterConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=json.dumps(message["summary"]))
 
     async def health_changed(self, message):
-        """From healthchecks.services.announce_health_change: an event opened, counted, closed
-        or was acknowledged. The Health checks tab re-fetches its table (static/js/health.js)."""
-        await self.send(text_data=json.dumps({"type": "health.changed",
-                                              "cluster": message["cluster"]}))
+        """An event opened, counted, closed or was acknowledged. The Health checks tab
+        re-fetches its table (static/js/health.js)."""
+        await self.forward(message)
 
     async def repair_changed(self, message):
-        """From repairs.live.announce_repair_change: a repair of the cluster moved. The Repair
-        tab and node pages re-fetch what shows it (static/js/repairs.js)."""
-        await self.send(text_data=json.dumps({"type": "repair.changed",
+        """A repair of the cluster moved. The Repair tab and node pages re-fetch what shows it
+        (static/js/repairs.js)."""
+        await self.forward(message)
+
+    async def check_changed(self, message):
+        """A check run was asked for or finished (the check runs table re-fetches)."""
+        await self.forward(message)
+
+    async def forward(self, message):
+        await self.send(text_data=json.dumps({"type": message["type"],
                                               "cluster": message["cluster"]}))
 
 
 def may_watch(user, slug):
-    from clusterui.models import Cluster
-    from clusterui.roles import Role, has_role
-
     return has_role(user, Role.VIEWER) and Cluster.objects.filter(slug=slug).exists()

@@ -1,7 +1,7 @@
 """What the agent consumer does with a frame once it is valid: the database side of ingest.
 
 Synchronous functions, called from AgentConsumer through database_sync_to_async. Samples
-never come here (they go to the live store); hellos and events do.
+never come here (they go to the live store); hellos, events, results and work frames do.
 """
 
 import uuid
@@ -11,28 +11,26 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from clusterui.services import record_audit
 from healthchecks.catalog import policy_for
+from healthchecks.inventory import do_judge_inventory
 from healthchecks.services import (
+    CHECK_RUNS,
     do_close_health_event,
-    do_mark_check_sent,
     do_record_check_result,
     do_record_health_event,
     start_checks_after_hello,
-    unfinished_run_ids,
 )
 
-from clusterui.services import record_audit
-
+from . import agent_work
 from .models import AgentEventReceipt, AgentToken, Node
 from .services import (
-    do_finish_reboots_after_hello,
+    COMMANDS,
     do_issue_node_token,
-    do_mark_command_sent,
     do_record_command_result,
     do_record_hello,
     do_register_node,
     find_usable_token,
-    unfinished_command_ids,
 )
 from .scripts import config_frame_for, do_hold_for_boot_scripts, do_record_script_run
 from .states import note_on_timeline
@@ -99,6 +97,7 @@ def accept_hello(grant, frame, now=None):
     rebooted = frame["boot_id"] != node.boot_id
     do_record_hello(node, boot_id=frame["boot_id"], agent_version=frame["agent_version"],
                     gpus=frame["gpus"], slurm=frame.get("slurm"), now=now)
+    do_judge_inventory(node, now=now)
     start_checks_after_hello(node, rebooted=rebooted, now=now)
     do_hold_for_boot_scripts(node, rebooted=rebooted, now=now)
     return HelloOutcome(node_id=node.pk, cluster_id=node.cluster_id, node_token=node_token)
@@ -144,13 +143,19 @@ def ingest_event(node_id, frame, now=None):
     return True
 
 
-def run_check_frames_for(node_id, run_ids=None, now=None):
-    """run_check frames to send on the node's connection: the given runs, or every unfinished
-    one (after a hello), each marked as sent."""
-    if run_ids is None:
-        run_ids = unfinished_run_ids(node_id)
-    frames = (do_mark_check_sent(node_id, run_id, now=now) for run_id in run_ids)
-    return [frame for frame in frames if frame is not None]
+# The kinds of work an agent is sent (nodes.agent_work), in the order a hello sends them.
+WORK_KINDS = {kind.name: kind for kind in (CHECK_RUNS, COMMANDS)}
+
+
+def work_frames_after_hello(node_id, now=None):
+    """Frames of every piece of work not yet answered, to send after a hello."""
+    return agent_work.frames_after_hello(WORK_KINDS.values(), node_id, now=now)
+
+
+def work_frames(node_id, kind_name, work_ids, now=None):
+    """Frames of the work the publisher offered (an unknown kind: none)."""
+    kind = WORK_KINDS.get(kind_name)
+    return [] if kind is None else agent_work.frames_for(kind, node_id, work_ids, now=now)
 
 
 def record_check_result(node_id, frame, now=None):
@@ -160,17 +165,6 @@ def record_check_result(node_id, frame, now=None):
                                  metrics=frame.get("metrics"), message=frame.get("message") or "",
                                  now=now)
     return run is not None
-
-
-def command_frames_for(node_id, command_ids=None, now=None):
-    """command frames to send on the node's connection: the given commands, or (after a
-    hello) every one not yet answered, once the reboots this hello shows done are finished
-    (nodes.services: a reboot is never sent again to a node that rebooted)."""
-    if command_ids is None:
-        do_finish_reboots_after_hello(node_id, now=now)
-        command_ids = unfinished_command_ids(node_id)
-    frames = (do_mark_command_sent(node_id, command_id, now=now) for command_id in command_ids)
-    return [frame for frame in frames if frame is not None]
 
 
 def record_command_result(node_id, frame, now=None):

@@ -43,6 +43,20 @@ class Node(models.Model):
     paused = models.BooleanField(default=False)
     paused_reason = models.CharField(max_length=255, blank=True)
 
+    # Facts that higher apps own, handed down with refresh_node_state(node, **facts) in the
+    # transaction that changed them (DESIGN.md "Layout": nodes imports none of them).
+    open_problem = models.CharField(
+        max_length=255, blank=True,
+        help_text="its open warning/critical health events, worst first (healthchecks)")
+    acceptance_detail = models.CharField(
+        max_length=255, blank=True,
+        help_text="where its acceptance battery stands, while pending (healthchecks)")
+    checks_running_for_boot = models.CharField(
+        max_length=64, blank=True,
+        help_text="the boot id whose checks after a reboot are still running (healthchecks)")
+    running_repair = models.CharField(
+        max_length=255, blank=True, help_text="the repair running on it (repairs)")
+
     boot_scripts_due_by = models.DateTimeField(
         null=True, blank=True,
         help_text="boot startup scripts hold the node booting until their results, or this",
@@ -248,17 +262,46 @@ class NodeRollup(models.Model):
         indexes = [models.Index(fields=["minute"])]
 
 
+class AgentWork(models.Model):
+    """What check runs and commands share: work asked of one node's agent (nodes.agent_work).
+
+    The primary key is the protocol's id (`run_id`, a command's `id`); pages and URLs use
+    `public_id`. Each kind gives `node` its related name and `status` its choices."""
+
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
+    status = models.CharField(max_length=16)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+", help_text="empty: the system (a repair, a hello)",
+    )
+    requested_at = models.DateTimeField()
+    sent_at = models.DateTimeField(null=True, blank=True)
+    deadline_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    message = models.TextField(blank=True)
+
+    UNFINISHED = ()
+
+    class Meta:
+        abstract = True
+        ordering = ["-requested_at", "-id"]
+
+    @property
+    def is_finished(self):
+        return self.status not in self.UNFINISHED
+
+
 class AgentCommandQuerySet(models.QuerySet):
     def unfinished(self):
         return self.filter(status__in=AgentCommand.UNFINISHED)
 
 
-class AgentCommand(models.Model):
+class AgentCommand(AgentWork):
     """One action asked of a node's agent (PROTOCOL.md `command`), and how it ended.
 
-    The command's primary key is the protocol's command `id`; pages and URLs use `public_id`.
     A reboot is done when the node says hello with another boot id than `boot_id_before`
-    (nodes.services.do_finish_reboots_after_hello): a rebooting agent cannot say `ok`.
+    (nodes.services.finish_reboots_after_hello): a rebooting agent cannot say `ok`.
     """
 
     class Action(models.TextChoices):
@@ -278,28 +321,17 @@ class AgentCommand(models.Model):
     # node's boot: GPU servers take 5-10 minutes through their firmware.
     DEFAULT_DEADLINE_S = {Action.REBOOT: 15 * 60}
 
-    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="agent_commands")
     action = models.CharField(max_length=16, choices=Action.choices)
     params = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
-    requested_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
-        related_name="+", help_text="empty: the system (a repair)",
-    )
-    requested_at = models.DateTimeField()
-    sent_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
-    deadline_at = models.DateTimeField()
-    message = models.TextField(blank=True)
     boot_id_before = models.CharField(
         max_length=64, blank=True, help_text="the node's boot id when the command was asked"
     )
 
     objects = AgentCommandQuerySet.as_manager()
 
-    class Meta:
-        ordering = ["-requested_at", "-id"]
+    class Meta(AgentWork.Meta):
         indexes = [
             models.Index(fields=["node", "status"]),
             models.Index(fields=["status", "deadline_at"]),
@@ -307,10 +339,6 @@ class AgentCommand(models.Model):
 
     def __str__(self):
         return f"{self.action} on {self.node.name} ({self.status})"
-
-    @property
-    def is_finished(self):
-        return self.status not in self.UNFINISHED
 
 
 class PublisherStatus(models.Model):

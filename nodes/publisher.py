@@ -1,13 +1,18 @@
-"""The live publisher: once a second, the cluster summary to every open browser.
+"""The live publisher: the only thing that pushes to browsers and offers work to agents.
 
 One asyncio task per server process flushes that process's live-store buffer every 100 ms.
 One of them (in production, the holder of a Redis lease; in embedded mode, the only one)
-also, once a second and for each cluster: reads the whole live store, builds the summary,
-sends it to the browsers' group `cluster.<slug>`, adds the tick to the minute's rollups,
-writes `last_seen` of every node heard from, in one UPDATE, runs the slow GPU rule
-(healthchecks/slow_gpus.py: it needs every node's latest sample), and offers again the
-commands and check runs still queued for connected nodes. Agent connections never
-group_send (PROTOCOL.md traffic stays inside the process that received it).
+also
+- once a second and for each cluster: reads the whole live store, builds the summary,
+  sends it to the browsers' group `cluster.<slug>`, adds the tick to the minute's rollups,
+  writes `last_seen` of every node heard from, in one UPDATE, and runs the slow GPU rule
+  (healthchecks/slow_gpus.py: it needs every node's latest sample);
+- every FEED_EVERY_S: reads the change feed (clusterui/changes.py), whoever wrote it (a
+  view, a consumer, a Celery worker), and pushes it: one "health.changed",
+  "repair.changed" or "check.changed" per cluster however many rows, and to a node's agent
+  connection the work queued for it ("work.offer") or a new config ("config.changed").
+Agent connections never group_send (PROTOCOL.md traffic stays inside the process that
+received it).
 """
 
 import asyncio
@@ -16,7 +21,7 @@ import math
 import os
 import time
 import uuid
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import datetime, timezone as dt_timezone
 
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
@@ -24,31 +29,31 @@ from django.conf import settings
 from django.db import close_old_connections, transaction
 from django.db.models import Count, Max
 
+from clusterui.changes import Kind, read_changes
 from clusterui.models import Cluster
-from healthchecks.models import CheckRun
-from healthchecks.slow_gpus import SlowGpuWatch
-
-from .choices import NodeState
-from .live import get_live_store
-from .models import AgentCommand, Node, NodeTransition, PublisherStatus
-from .rollups import RollupAccumulator, fresh_entries, summarize_usage, write_rollups
-from .slow_gpu_events import (
+from common.groups import agent_group, cluster_group
+from healthchecks.slow_gpu_events import (
     GPU_MODELS_REFRESH_S,
     read_slow_gpu_facts,
     record_slow_gpus,
     slow_gpu_limits,
 )
+from healthchecks.slow_gpus import SlowGpuWatch
+
+from .agent_work import parse_offer
+from .choices import NodeState
+from .live import get_live_store
+from .models import Node, NodeTransition, PublisherStatus
+from .rollups import RollupAccumulator, fresh_entries, summarize_usage, write_rollups
 
 logger = logging.getLogger(__name__)
 
 FLUSH_EVERY_S = 0.1
 PUBLISH_EVERY_S = 1.0
+FEED_EVERY_S = 0.2
 LEASE_KEY = "clusterui:publisher"
 LEASE_MS = 3000
-
-
-def cluster_group(slug):
-    return f"cluster.{slug}"
+FEED_READER = "publisher"
 
 
 def stale_after_s():
@@ -91,30 +96,41 @@ def record_tick(seen, now, *, just_started):
                                                                      "seen_at": now})
 
 
-# An offer made on commit reaches the agent's connection at once, but not when it was made
-# where that connection cannot hear it: a Celery worker in embedded mode (its in-memory
-# channel layer is its own), or a message lost. What is still queued this long after it was
-# asked for is offered again each tick, for nodes heard from lately.
-OFFER_AGAIN_AFTER_S = 2.0
+# What browsers hear of each kind of change, per cluster (other kinds go to agents, or
+# show through the summary's timeline head).
+BROWSER_MESSAGES = {
+    Kind.HEALTH_EVENT: "health.changed",
+    Kind.REPAIR: "repair.changed",
+    Kind.CHECK_RUN: "check.changed",
+}
 
 
-def read_queued_offers(now):
-    """(group, message) for each command and check run still queued for a connected node."""
-    from .consumers import agent_group  # here: the consumers import this module
+def read_feed_messages():
+    """(group, message) for what the change feed holds since the last read, coalesced: one
+    message per cluster and type, one per piece of agent work, one config per node."""
+    changes = read_changes(FEED_READER)
+    if not changes:
+        return []
+    slugs = dict(Cluster.objects.filter(pk__in={c.cluster_id for c in changes})
+                 .values_list("pk", "slug"))
+    messages = {}
+    for change in changes:
+        if change.kind in BROWSER_MESSAGES and change.cluster_id in slugs:
+            slug = slugs[change.cluster_id]
+            kind = BROWSER_MESSAGES[change.kind]
+            messages[(cluster_group(slug), kind)] = {"type": kind, "cluster": slug}
+        elif change.kind == Kind.AGENT_WORK and change.node_id is not None:
+            name, work_id = parse_offer(change.object_id)
+            messages[(agent_group(change.node_id), name, work_id)] = {
+                "type": "work.offer", "kind": name, "id": work_id}
+        elif change.kind == Kind.AGENT_CONFIG and change.node_id is not None:
+            messages[(agent_group(change.node_id), "config")] = {"type": "config.changed"}
+    return [(key[0], message) for key, message in messages.items()]
 
-    close_old_connections()
-    asked_before = now - timedelta(seconds=OFFER_AGAIN_AFTER_S)
-    heard_since = now - timedelta(seconds=stale_after_s())
-    commands = AgentCommand.objects.filter(
-        status=AgentCommand.Status.QUEUED, requested_at__lte=asked_before,
-        node__last_seen__gte=heard_since).values_list("pk", "node_id")
-    runs = CheckRun.objects.filter(
-        status=CheckRun.Status.QUEUED, requested_at__lte=asked_before,
-        node__last_seen__gte=heard_since).values_list("pk", "node_id")
-    return ([(agent_group(node_id), {"type": "command.send", "command_id": pk})
-             for pk, node_id in commands]
-            + [(agent_group(node_id), {"type": "check.run", "run_id": pk})
-               for pk, node_id in runs])
+
+def _read_feed_messages():
+    close_old_connections()  # a worker thread of the publisher's: as a request would
+    return read_feed_messages()
 
 
 def build_summary(slug, facts, usage, now_ts):
@@ -146,16 +162,20 @@ class Publisher:
     async def run(self):
         """Flush every 100 ms; once a second, a tick in a task of its own, so that the tick's
         database work and snapshot never hold up the flushes (ingest latency)."""
-        next_publish = time.monotonic()
-        tick = None
+        next_publish = next_feed = time.monotonic()
+        tick = feed = None
         while True:
             try:
                 await self.store.flush()
             except Exception:
                 logger.exception("live store flush failed; retrying")
-            if time.monotonic() >= next_publish and (tick is None or tick.done()):
-                next_publish = max(next_publish + PUBLISH_EVERY_S, time.monotonic())
+            now = time.monotonic()
+            if now >= next_publish and (tick is None or tick.done()):
+                next_publish = max(next_publish + PUBLISH_EVERY_S, now)
                 tick = asyncio.create_task(self.tick())
+            if self.leading and now >= next_feed and (feed is None or feed.done()):
+                next_feed = now + FEED_EVERY_S
+                feed = asyncio.create_task(self.push_changes())
             await asyncio.sleep(FLUSH_EVERY_S)
 
     async def tick(self):
@@ -166,6 +186,15 @@ class Publisher:
             self.leading = leads
         except Exception:
             logger.exception("live publisher tick failed; retrying")
+
+    async def push_changes(self):
+        """What the change feed holds since the last read, to browsers and agents."""
+        try:
+            messages = await sync_to_async(_read_feed_messages, thread_sensitive=False)()
+            for group, message in messages:
+                await self.channel_layer.group_send(group, message)
+        except Exception:
+            logger.exception("pushing the change feed failed; retrying")
 
     async def holds_lease(self):
         """Production: one publisher in the whole deployment, by a Redis lease it renews."""
@@ -216,9 +245,6 @@ class Publisher:
         self.seen_written.update(seen)
         if openings or closings:
             await sync_to_async(record_slow_gpus, thread_sensitive=False)(openings, closings, now)
-        offers = await sync_to_async(read_queued_offers, thread_sensitive=False)(now)
-        for group, message in offers:
-            await self.channel_layer.group_send(group, message)
         return clusters
 
     def fold(self, cluster_id, usage, entries, now, open_slow):

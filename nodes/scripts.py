@@ -22,7 +22,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from clusterui.realtime import broadcast
+from clusterui.changes import Kind, record_node_changes
 from clusterui.services import record_audit
 
 from .script_models import ScriptEvent, ScriptRun, StartupScript, StartupScriptVersion
@@ -190,23 +190,16 @@ def config_frame_for(node_id, sample_interval_s):
 
 
 def announce_scripts_changed(cluster):
-    """Once committed: every connected agent of the cluster gets its new config."""
-    announce_config_changed(cluster.nodes.values_list("pk", flat=True))
+    """Every connected agent of the cluster gets its new config (once committed)."""
+    announce_config_changed(cluster.pk, cluster.nodes.values_list("pk", flat=True))
 
 
-def announce_config_changed(node_ids):
-    """Once committed: the connected agents of these nodes get their config again
-    (AgentConsumer.config_changed builds it then, from the committed scripts and role). An
-    agent not connected gets it after its next hello."""
-    from .consumers import agent_group
-
-    node_ids = list(node_ids)
-
-    def send():
-        for node_id in node_ids:
-            broadcast(agent_group(node_id), "config.changed")
-
-    transaction.on_commit(send)
+def announce_config_changed(cluster_id, node_ids):
+    """Change rows in the caller's transaction: once committed, the publisher tells the
+    connected agents of these nodes, and AgentConsumer.config_changed sends their config
+    then, from the committed scripts and role. An agent not connected gets it at its next
+    hello."""
+    record_node_changes(Kind.AGENT_CONFIG, cluster_id=cluster_id, node_ids=list(node_ids))
 
 
 # Runs

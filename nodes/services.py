@@ -5,28 +5,15 @@ import secrets
 from datetime import timedelta
 
 from django.db import transaction
-from django.db.models import F, Q
 from django.utils import timezone
 
-from clusterui.services import actor_name, record_audit
-from healthchecks.choices import Severity
-from healthchecks.models import HealthEvent
-from healthchecks.services import do_close_health_event, do_record_health_event
+from clusterui.changes import Kind, record_change
+from clusterui.services import record_audit
 
-from .inventory import (
-    GPU_LOST,
-    MISSING_FROM_HELLO,
-    InventoryDifference,
-    InventoryReview,
-    gpu_list,
-    hello_gpu,
-    hello_problem,
-    inventory_difference,
-    inventory_gpu,
-)
+from . import agent_work
+from .inventory import hello_gpu
 from .models import AgentCommand, AgentToken, Gpu, Node
 from .script_models import NodeRole
-from .scripts import announce_config_changed
 from .states import refresh_node_state
 
 
@@ -49,7 +36,8 @@ def do_record_hello(node, *, boot_id, agent_version="", gpus=(), slurm=None, now
 
     `gpus` is the hello's list of {index, uuid, name, pci_bus_id, memory_total_bytes}. It is
     kept on the node; new GPUs join the inventory, and a GPU of the inventory missing from
-    it opens gpu_lost (nodes/inventory.py).
+    it opens gpu_lost (healthchecks.inventory.do_judge_inventory, which the caller runs
+    after this).
     """
     now = now or timezone.now()
     node = Node.objects.select_for_update().get(pk=node.pk)
@@ -70,7 +58,6 @@ def do_record_hello(node, *, boot_id, agent_version="", gpus=(), slurm=None, now
     else:
         reason = "rebooted (new boot id)" if node.boot_id else "first hello from the agent"
     refresh_node_state(node, reason=reason, now=now)
-    _note_missing_gpus(node, hello, boot_id=boot_id, now=now)
     node.refresh_from_db()
     return node
 
@@ -95,86 +82,6 @@ def _add_new_gpus(node, hello):
         else:
             joining.append(Gpu(node=node, **gpu))
     Gpu.objects.bulk_create(joining)
-
-
-def _note_missing_gpus(node, hello, *, boot_id, now):
-    """Inventory GPUs absent from the hello are marked missing and get a gpu_lost, unless
-    one is open on them (a repeated hello is not a new loss). One present again loses the
-    mark; its gpu_lost stays open, an edge signal (DESIGN.md)."""
-    in_hello = {gpu["uuid"] for gpu in hello}
-    inventory = list(node.gpus.in_inventory())
-    missing = [gpu for gpu in inventory if gpu.uuid not in in_hello]
-    Gpu.objects.filter(pk__in=[gpu.pk for gpu in inventory if gpu.uuid in in_hello],
-                       missing_since__isnull=False).update(missing_since=None)
-    Gpu.objects.filter(pk__in=[gpu.pk for gpu in missing if gpu.missing_since is None]).update(
-        missing_since=now)
-    lost_open = set(HealthEvent.objects.open().filter(signature=GPU_LOST, gpu__in=missing)
-                    .values_list("gpu_id", flat=True))
-    for gpu in missing:
-        if gpu.pk in lost_open:
-            continue
-        do_record_health_event(
-            node, signature=GPU_LOST, severity=Severity.CRITICAL, gpu=gpu,
-            message=f"GPU {gpu.index} ({gpu.uuid}) is missing from the agent's hello",
-            evidence={
-                MISSING_FROM_HELLO: inventory_gpu(gpu),
-                "hello_gpus": gpu_list(hello),
-                "inventory_gpus": gpu_list(inventory),
-                "boot_id": boot_id,
-            },
-            now=now,
-        )
-
-
-def review_gpu_inventory(node):
-    """What accepting the node's latest hello as its inventory would change and close."""
-    node = Node.objects.get(pk=node.pk)
-    inventory = list(node.gpus.in_inventory())
-    problem = hello_problem(node.hello_gpus)
-    difference = InventoryDifference() if problem else inventory_difference(
-        inventory, node.hello_gpus)
-    # Closed: gpu_lost on the GPUs that leave, and those this rule opened on GPUs present
-    # again; a gpu_lost the agent saw on a GPU still listed waits for a reboot's check.
-    gpu_lost = HealthEvent.objects.open().filter(signature=GPU_LOST, gpu__isnull=False).filter(
-        Q(gpu__in=difference.missing) | Q(evidence__has_key=MISSING_FROM_HELLO))
-    return InventoryReview(difference, tuple(gpu_lost.filter(node=node).select_related("gpu")),
-                           problem)
-
-
-@transaction.atomic
-def do_accept_gpu_inventory(node, *, actor, request=None, now=None):
-    """The node's inventory becomes the GPUs of its latest hello, and the gpu_lost events
-    that settles close: an operator's decision, or a repair's verify step (actor None).
-    Returns the InventoryReview it carried out; nothing changes unless it is acceptable."""
-    now = now or timezone.now()
-    node = Node.objects.select_for_update().select_related("cluster").get(pk=node.pk)
-    review = review_gpu_inventory(node)
-    if not review.acceptable:
-        return review
-    difference = review.difference
-    Gpu.objects.filter(pk__in=[gpu.pk for gpu in difference.missing]).update(removed_at=now)
-    # Indexes move one row at a time and two GPUs may swap theirs: the moving rows step out
-    # of the way first (NVML indexes stay far below 1000).
-    Gpu.objects.filter(pk__in=[gpu.pk for gpu, _ in difference.changed]).update(
-        index=F("index") + 1000)
-    for gpu, seen in difference.changed:
-        Gpu.objects.filter(pk=gpu.pk).update(**seen)
-    left = {gpu.uuid: gpu for gpu in node.gpus.filter(removed_at__isnull=False)}
-    for seen in difference.waiting:
-        if seen["uuid"] in left:
-            Gpu.objects.filter(pk=left[seen["uuid"]].pk).update(**seen, removed_at=None)
-        else:
-            Gpu.objects.create(node=node, **seen)
-    node.gpus.in_inventory().update(missing_since=None)
-    for event in review.gpu_lost:
-        do_close_health_event(event, reason=f"GPU inventory accepted by {actor_name(actor)}",
-                              actor=actor, now=now)
-    record_audit(actor, "node.accept_gpu_inventory", node, cluster=node.cluster,
-                 changes={**difference.for_audit(),
-                          "closed_events": [str(event.public_id) for event in review.gpu_lost]},
-                 request=request, now=now)
-    refresh_node_state(node, actor=actor, reason="GPU inventory accepted", now=now)
-    return review
 
 
 @transaction.atomic
@@ -209,7 +116,7 @@ def do_set_node_role(node, role, *, actor, request=None, now=None):
     """Make the node a worker, login or controller node: the role picks its startup scripts.
     Returns True when the role changed: then it is audited (before and after) and, once
     committed, the node's agent, if connected, gets its config with the new role's scripts
-    (the path a script save takes). An unknown role raises ValueError."""
+    (an AGENT_CONFIG change, as a script save makes). An unknown role raises ValueError."""
     if role not in NodeRole.values:
         raise ValueError(f"unknown node role {role!r}: one of {', '.join(NodeRole.values)}")
     before = Node.objects.select_for_update().values_list("role", flat=True).get(pk=node.pk)
@@ -220,7 +127,7 @@ def do_set_node_role(node, role, *, actor, request=None, now=None):
     node.role = role
     record_audit(actor, "node.set_role", node, changes={"role": {"before": before, "after": role}},
                  cluster=node.cluster, request=request, now=now)
-    announce_config_changed([node.pk])
+    record_change(Kind.AGENT_CONFIG, cluster_id=node.cluster_id, node_id=node.pk, now=now)
     return True
 
 
@@ -289,19 +196,15 @@ def find_usable_token(plaintext, *, now=None):
     )
 
 
-# Commands to a node's agent (PROTOCOL.md `command` / `command_result`).
+# Commands to a node's agent (PROTOCOL.md `command` / `command_result`), one kind of agent
+# work (nodes.agent_work: queued, sent, offered, expired).
 #
-# A command goes out when asked if the node's agent is connected, else after its next hello.
-# After a reconnect, only commands that never got an answer (queued, sent) go out again: the
-# agent answers an id it has seen with its earlier answer and does not act twice. An accepted
-# command is not sent again: the agent has started it.
+# An accepted command is not sent again: the agent has started it.
 #
 # A reboot is done when the node says hello with another boot id than the one it had when
 # the reboot was asked: ok, "the node rebooted", whatever the agent said or did not say
 # (a rebooting agent is stopped before it could). This holds for a reboot still queued or
 # sent, too: a node that rebooted meanwhile is not rebooted again.
-#
-# Commands go out only before their deadline; past it, expire_commands() times them out.
 
 
 def command_frame(command):
@@ -309,14 +212,50 @@ def command_frame(command):
             "params": command.params}
 
 
-def offer_command_to_agent(command_id, node_id):
-    """Tell the node's agent connection, wherever it is served, that a command waits for it.
-    Nothing listens while the agent is offline: its next hello picks the command up."""
-    from clusterui.realtime import broadcast
+def _rebooted_since(command, node):
+    # No boot id when asked: the node never said hello before, and nothing tells its boots apart.
+    return (command.action == AgentCommand.Action.REBOOT and command.boot_id_before != ""
+            and node.boot_id != command.boot_id_before)
 
-    from .consumers import agent_group
 
-    broadcast(agent_group(node_id), "command.send", command_id=command_id)
+def finish_reboots_after_hello(node_id, now=None):
+    """The node's unfinished reboots, done if it has said hello with a new boot id since
+    they were asked. Returns how many finished."""
+    now = now or timezone.now()
+    node = Node.objects.get(pk=node_id)
+    finished = 0
+    for command in AgentCommand.objects.unfinished().filter(node=node):
+        if _rebooted_since(command, node):
+            finished += agent_work.finish(COMMANDS, command, AgentCommand.Status.OK,
+                                          "the node rebooted", now)
+    return finished
+
+
+def _done_at_deadline(command, now):
+    """A reboot whose node came back with a new boot id (a hello whose commands were not
+    looked at) is done, not timed out."""
+    if not _rebooted_since(command, command.node):
+        return False
+    agent_work.finish(COMMANDS, command, AgentCommand.Status.OK, "the node rebooted", now)
+    return True
+
+
+def _why_late(command):
+    if command.status == AgentCommand.Status.QUEUED:
+        return "not sent in time: the node's agent was not connected"
+    if command.status == AgentCommand.Status.SENT:
+        return "no answer in time from the node's agent"
+    if command.action == AgentCommand.Action.REBOOT:
+        return "the node did not come back with a new boot id in time"
+    return "accepted, but not finished in time"
+
+
+COMMANDS = agent_work.WorkKind(
+    name="command", model=AgentCommand, unanswered=AgentCommand.UNANSWERED,
+    unfinished=AgentCommand.UNFINISHED, sent=AgentCommand.Status.SENT,
+    timed_out=AgentCommand.Status.TIMED_OUT, frame=command_frame, why_late=_why_late,
+    after_hello=finish_reboots_after_hello, done_otherwise=_done_at_deadline,
+)
 
 
 @transaction.atomic
@@ -329,7 +268,7 @@ def do_send_command(node, action, *, params=None, actor=None, deadline_s=None, r
     if action not in AgentCommand.Action.values:
         raise ValueError(f"unknown command action {action!r}")
     now = now or timezone.now()
-    node = Node.objects.select_for_update().select_related("cluster").get(pk=node.pk)
+    node = Node.objects.select_for_update().get(pk=node.pk)
     unfinished = AgentCommand.objects.unfinished().filter(node=node, action=action).first()
     if unfinished is not None:
         return unfinished
@@ -343,49 +282,8 @@ def do_send_command(node, action, *, params=None, actor=None, deadline_s=None, r
         record_audit(actor, "agentcommand.send", command, cluster=node.cluster, request=request,
                      changes={"node": node.name, "action": action, "params": command.params},
                      now=now)
-    transaction.on_commit(lambda: offer_command_to_agent(command.pk, node.pk))
+    agent_work.queue_work(COMMANDS, command, now=now)
     return command
-
-
-def do_mark_command_sent(node_id, command_id, now=None):
-    """The command's frame, marked as handed to the agent's connection; None when it is
-    answered or finished, past its deadline, or not this node's."""
-    now = now or timezone.now()
-    sendable = AgentCommand.objects.filter(
-        pk=command_id, node_id=node_id, status__in=AgentCommand.UNANSWERED, deadline_at__gt=now)
-    if not sendable.update(status=AgentCommand.Status.SENT, sent_at=now):
-        return None
-    return command_frame(AgentCommand.objects.get(pk=command_id))
-
-
-def unfinished_command_ids(node_id):
-    """The node's commands that go out (again) after a hello: those never answered."""
-    return list(AgentCommand.objects.filter(node_id=node_id, status__in=AgentCommand.UNANSWERED)
-                .order_by("id").values_list("id", flat=True))
-
-
-def _rebooted_since(command, node):
-    # No boot id when asked: the node never said hello before, and nothing tells its boots apart.
-    return (command.action == AgentCommand.Action.REBOOT and command.boot_id_before != ""
-            and node.boot_id != command.boot_id_before)
-
-
-def _finish(command, status, message, now):
-    """Conditional: only an unfinished command finishes, once. True when this call did."""
-    return bool(AgentCommand.objects.filter(pk=command.pk, status__in=AgentCommand.UNFINISHED)
-                .update(status=status, message=message, finished_at=now))
-
-
-def do_finish_reboots_after_hello(node_id, now=None):
-    """The node's unfinished reboots, done if it has said hello with a new boot id since
-    they were asked. Returns how many finished."""
-    now = now or timezone.now()
-    node = Node.objects.get(pk=node_id)
-    finished = 0
-    for command in AgentCommand.objects.unfinished().filter(node=node):
-        if _rebooted_since(command, node):
-            finished += _finish(command, AgentCommand.Status.OK, "the node rebooted", now)
-    return finished
 
 
 def do_record_command_result(node, *, command_id, status, message="", now=None):
@@ -401,31 +299,6 @@ def do_record_command_result(node, *, command_id, status, message="", now=None):
         AgentCommand.objects.filter(pk=command.pk, status__in=AgentCommand.UNANSWERED).update(
             status=AgentCommand.Status.ACCEPTED, message=message)
     else:
-        _finish(command, status, message, now)
+        agent_work.finish(COMMANDS, command, status, message, now)
     command.refresh_from_db()
     return command
-
-
-def expire_commands(now=None):
-    """Commands past their deadline time out; a reboot whose node came back with a new boot
-    id (a hello whose commands were not looked at) is done instead. Returns how many
-    timed out."""
-    now = now or timezone.now()
-    expired = 0
-    due = AgentCommand.objects.unfinished().filter(deadline_at__lte=now).select_related("node")
-    for command in due:
-        if _rebooted_since(command, command.node):
-            _finish(command, AgentCommand.Status.OK, "the node rebooted", now)
-        else:
-            expired += _finish(command, AgentCommand.Status.TIMED_OUT, _why_late(command), now)
-    return expired
-
-
-def _why_late(command):
-    if command.status == AgentCommand.Status.QUEUED:
-        return "not sent in time: the node's agent was not connected"
-    if command.status == AgentCommand.Status.SENT:
-        return "no answer in time from the node's agent"
-    if command.action == AgentCommand.Action.REBOOT:
-        return "the node did not come back with a new boot id in time"
-    return "accepted, but not finished in time"

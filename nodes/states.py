@@ -10,7 +10,10 @@ DESIGN.md's precedence table, first that holds wins:
     healthy    none of the above
 
 Services change facts and call refresh_node_state() in the same transaction; nothing
-else assigns Node.state.
+else assigns Node.state. Facts that higher apps own (open health events, acceptance and
+post-reboot checks, a running repair) are kept on the node as those apps hand them down:
+refresh_node_state(node, open_problem=...) stores them and recomputes, so this module
+imports none of those apps.
 """
 
 from dataclasses import dataclass
@@ -20,6 +23,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from clusterui.changes import Kind, record_change
 from clusterui.services import actor_name
 
 from .choices import NodeState
@@ -61,94 +65,46 @@ def boot_window():
     return timedelta(seconds=settings.CLUSTERUI_BOOT_WINDOW_S)
 
 
-def describe_open_problems(events):
-    """'xid:79 on GPU 3 (+1 more)' for a node's open warning/critical events, worst first."""
-    if not events:
-        return ""
-    worst = events[0]
-    text = worst.signature
-    if worst.gpu is not None:
-        text += f" on GPU {worst.gpu.index}"
-    if len(events) > 1:
-        text += f" (+{len(events) - 1} more)"
-    return text
-
-
-def open_problem_events(node, now):
-    """The node's open warning/critical events, less signatures an operator silenced."""
-    from healthchecks.choices import NODE_AFFECTING
-    from healthchecks.models import HealthEvent, Silence
-
-    silenced = Silence.objects.active(now).filter(node=node).values("signature")
-    # Critical before warning ("critical" sorts before "warning"), then oldest first.
-    return list(
-        HealthEvent.objects.open()
-        .filter(node=node, severity__in=NODE_AFFECTING)
-        .exclude(signature__in=silenced)
-        .select_related("gpu")
-        .order_by("severity", "first_seen", "id")
-    )
-
-
-def acceptance_detail(node):
-    """Where a node's acceptance battery stands: running, or which checks did not pass."""
-    from healthchecks.checks import ACCEPTANCE_CHECKS
-    from healthchecks.models import CheckRun
-
-    runs = CheckRun.objects.filter(
-        node=node, purpose=CheckRun.Purpose.ACCEPTANCE, requested_at__gte=node.joined_at
-    ).order_by("requested_at", "id")
-    latest = {run.check_name: run for run in runs}
-    if not latest:
-        return "acceptance tests have not started"
-    if any(run.status in CheckRun.UNFINISHED for run in latest.values()):
-        return "running acceptance tests"
-    failed = [f"{name} {latest[name].get_status_display()}" for name in ACCEPTANCE_CHECKS
-              if name in latest and latest[name].status != CheckRun.Status.PASSED]
-    return "acceptance tests did not pass: " + ", ".join(failed) if failed else ""
-
-
-def checks_after_reboot_running(node):
-    from healthchecks.models import CheckRun
-
-    return CheckRun.objects.unfinished().filter(
-        node=node, purpose=CheckRun.Purpose.AFTER_REBOOT, boot_id=node.boot_id
-    ).exists()
-
-
-def running_repair(node):
-    """'repair #12 (reboot) is running', or "" when no repair runs on the node."""
-    from repairs.models import Repair
-
-    repair = Repair.objects.filter(node=node, status="running").only("pk", "action").first()
-    return f"repair #{repair.pk} ({repair.action}) is running" if repair is not None else ""
-
-
 def facts_for(node, now):
     acceptance_pending = node.acceptance_required and (
         node.acceptance_passed_at is None or node.acceptance_passed_at < node.joined_at
     )
+    checks_running = bool(node.checks_running_for_boot) and (
+        node.checks_running_for_boot == node.boot_id)
     return NodeFacts(
         paused=node.paused,
         paused_reason=node.paused_reason,
-        running_repair=running_repair(node),
+        running_repair=node.running_repair,
         ever_connected=node.last_hello_at is not None,
         acceptance_pending=acceptance_pending,
-        acceptance_detail=acceptance_detail(node) if acceptance_pending else "",
+        acceptance_detail=node.acceptance_detail if acceptance_pending else "",
         boot_window_open=node.booted_at is not None and now - node.booted_at < boot_window(),
-        boot_tasks_running=node.boot_tasks_running or checks_after_reboot_running(node),
-        worst_open_problem=describe_open_problems(open_problem_events(node, now)),
+        boot_tasks_running=node.boot_tasks_running or checks_running,
+        worst_open_problem=node.open_problem,
     )
 
 
-def refresh_node_state(node, *, actor=None, reason="", now=None):
-    """Recompute the node's state from its facts; on a change, write it with its transition.
+HANDED_DOWN = ("open_problem", "acceptance_detail", "checks_running_for_boot", "running_repair")
+
+
+def refresh_node_state(node, *, actor=None, reason="", now=None, **facts):
+    """Recompute the node's state from its facts; on a change, write it with its transition
+    and a change row. `facts`: new values of the HANDED_DOWN facts, stored first.
 
     Call inside the transaction that changed the facts. Returns True when the state changed.
     """
+    unknown = set(facts) - set(HANDED_DOWN)
+    if unknown:
+        raise TypeError(f"not a handed-down node fact: {', '.join(sorted(unknown))}")
     now = now or timezone.now()
+    facts = {name: value[:255] for name, value in facts.items()}
     with transaction.atomic():
-        node = Node.objects.select_for_update().select_related("cluster").get(pk=node.pk)
+        # Only the node's row: its cluster's would make every refresh in a cluster queue.
+        node = Node.objects.select_for_update().get(pk=node.pk)
+        if facts:
+            Node.objects.filter(pk=node.pk).update(**facts)
+            for name, value in facts.items():
+                setattr(node, name, value)
         state, state_reason = compute_state(facts_for(node, now))
         if state == node.state and state_reason == node.state_reason:
             return False
@@ -168,6 +124,7 @@ def refresh_node_state(node, *, actor=None, reason="", now=None):
             actor_name=actor_name(actor),
             at=now,
         )
+        record_change(Kind.NODE_STATE, cluster_id=node.cluster_id, node_id=node.pk, now=now)
         return True
 
 
@@ -177,11 +134,7 @@ def refresh_due_node_states(now=None):
     due = Node.objects.filter(
         state=NodeState.BOOTING, boot_tasks_running=False, booted_at__lte=now - boot_window()
     )
-    from .scripts import do_end_overdue_boot_holds
-
-    changed = do_end_overdue_boot_holds(now=now)
-    return changed + sum(refresh_node_state(node, reason="boot window ended", now=now)
-                         for node in due)
+    return sum(refresh_node_state(node, reason="boot window ended", now=now) for node in due)
 
 
 def note_on_timeline(node, reason, *, actor=None, now=None):

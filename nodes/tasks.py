@@ -1,18 +1,13 @@
 from celery import shared_task
 
-from . import heartbeats, rollups, services, states
+from . import agent_work, rollups, scripts, services, states
 
 
 @shared_task
 def refresh_due_node_states():
-    """Beat, every 10 s: node states that change with time alone (a boot window ending)."""
-    return states.refresh_due_node_states()
-
-
-@shared_task
-def sweep_heartbeats():
-    """Beat, every second: open heartbeat_lost for silent nodes, close it for those back."""
-    return heartbeats.sweep_heartbeats()
+    """Beat, every 10 s: node states that change with time alone (a boot window ending,
+    boot scripts' results overdue)."""
+    return scripts.do_end_overdue_boot_holds() + states.refresh_due_node_states()
 
 
 @shared_task
@@ -25,4 +20,4 @@ def prune_rollups():
 def expire_commands():
     """Beat, every 30 s: agent commands past their deadline time out (a reboot whose node
     came back with a new boot id is done)."""
-    return services.expire_commands()
+    return agent_work.expire_work(services.COMMANDS)

@@ -19,6 +19,7 @@ from clusterui.roles import Role, require_role
 from clusterui.views import get_cluster_for_user
 from healthchecks.choices import Severity
 from healthchecks.forms import RunCheckForm
+from healthchecks.inventory import do_accept_gpu_inventory, review_gpu_inventory
 from healthchecks.models import HealthEvent
 from healthchecks.services import do_request_checks
 from healthchecks.views import check_runs_context, open_events_by_signature
@@ -39,11 +40,9 @@ from .models import Node, NodeRollup
 from .publisher import stale_after_s
 from .script_models import NodeRole
 from .services import (
-    do_accept_gpu_inventory,
     do_pause_node,
     do_resume_node,
     do_set_node_role,
-    review_gpu_inventory,
 )
 
 NODES_PAGE_SIZE = 50

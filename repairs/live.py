@@ -1,19 +1,10 @@
-"""Open Repair tabs and node pages hear "repair.changed" when a repair of their cluster
-moves (a status, a step): at most one message a second per cluster (per process)."""
+"""A repair moved (a status, a step, its waiting reason): a change row in the same
+transaction. The publisher tells the cluster's open Repair tabs and node pages
+("repair.changed"), wherever the move was made: a view, a Celery worker."""
 
-from django.db import transaction
-
-from clusterui.realtime import Throttle
-
-repair_changes = Throttle(interval_s=1.0)
+from clusterui.changes import Kind, record_change
 
 
-def announce_repair_change(cluster):
-    """Once the transaction commits (not at all if it rolls back)."""
-    from nodes.publisher import cluster_group
-
-    slug = cluster.slug
-    transaction.on_commit(
-        lambda: repair_changes.broadcast(cluster_group(slug), "repair.changed", cluster=slug),
-        robust=True,
-    )
+def announce_repair_change(repair):
+    record_change(Kind.REPAIR, cluster_id=repair.cluster_id, node_id=repair.node_id,
+                  object_id=repair.pk)

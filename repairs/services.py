@@ -1,23 +1,30 @@
 """Writes for repairs: recommending, proposing, approving, rejecting, cancelling, starting.
 Status moves go through repairs.transitions.transition(); running is repairs.steps'."""
 
+import logging
 import math
 from datetime import timedelta
 
+from celery import current_app
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from clusterui.changes import Kind, read_changes
 from clusterui.services import record_audit
+from healthchecks.choices import NODE_AFFECTING
+from healthchecks.models import HealthEvent
+from healthchecks.queries import open_problem_events
 from nodes.choices import NodeState
 from nodes.models import Node
-from nodes.states import open_problem_events, refresh_node_state
 
 from .choices import STEPS, Status, StepStatus, cost
 from .live import announce_repair_change
 from .models import Repair, RepairPolicy, RepairSettings, RepairStep
 from .policy import choose_action, escalate, in_cooldown
 from .transitions import Conflict, transition
+
+logger = logging.getLogger(__name__)
 
 RESOLVE_AFTER = timedelta(minutes=5)
 # A step due within this much of a beat tick runs at that tick: a step that asks to be
@@ -62,7 +69,7 @@ def refresh_recommendation(node, now=None):
     per node; a costlier recommendation supersedes a proposed one; none while the node is in
     cooldown or a repair is already approved or running. Returns the node's open repair."""
     now = now or timezone.now()
-    node = Node.objects.select_for_update().select_related("cluster").get(pk=node.pk)
+    node = Node.objects.select_for_update(of=("self",)).select_related("cluster").get(pk=node.pk)
     current = node.repairs.open().first()
     if current is not None and current.status != Status.PROPOSED:
         return current
@@ -84,7 +91,7 @@ def refresh_recommendation(node, now=None):
     repair.events.add(*events)
     if current is not None:
         Repair.objects.filter(pk=current.pk).update(superseded_by=repair)
-    announce_repair_change(node.cluster)
+    announce_repair_change(repair)
     policy = RepairPolicy.objects.filter(cluster=node.cluster, signature=signature).first()
     if policy is not None and policy.auto_approve and policy.action == action:
         repair = transition(repair, Status.APPROVED, reason=f"auto-approved: the cluster's "
@@ -93,21 +100,42 @@ def refresh_recommendation(node, now=None):
     return repair
 
 
-def refresh_recommendations(now=None):
-    """Beat: recommend for every node with open problems and no repair in progress, and
-    resolve proposals whose events stayed closed. Returns (recommended, resolved)."""
-    from healthchecks.choices import NODE_AFFECTING
-    from healthchecks.models import HealthEvent
+def _refresh_recommendations_of(nodes, now):
+    """refresh_recommendation() for each node, each on its own: one that fails is logged
+    and the others go on (the sweep tries it again). Returns how many got a new repair."""
+    recommended = 0
+    for node in nodes:
+        before = node.repairs.open().values_list("pk", flat=True).first()
+        try:
+            after = refresh_recommendation(node, now=now)
+        except Exception:
+            logger.exception("recommending a repair for node %s failed", node.pk)
+            continue
+        recommended += after is not None and after.pk != before
+    return recommended
 
+
+RECOMMENDER = "recommender"
+
+
+@transaction.atomic
+def recommend_from_changes(now=None):
+    """The recommender, once per tick: the nodes whose health events changed since its last
+    read (the change feed), each refreshed once however many events it had. Returns how
+    many got a new repair."""
+    now = now or timezone.now()
+    node_ids = {change.node_id for change in read_changes(RECOMMENDER)
+                if change.kind == Kind.HEALTH_EVENT and change.node_id is not None}
+    return _refresh_recommendations_of(Node.objects.filter(pk__in=node_ids), now)
+
+
+def refresh_recommendations(now=None):
+    """Beat, every minute: recommend for every node with open problems, for what time alone
+    changes (a cooldown that ended). Returns how many got a new repair."""
     now = now or timezone.now()
     node_ids = (HealthEvent.objects.open().filter(severity__in=NODE_AFFECTING)
                 .values_list("node_id", flat=True).distinct())
-    recommended = 0
-    for node in Node.objects.filter(pk__in=list(node_ids)):
-        before = node.repairs.open().values_list("pk", flat=True).first()
-        after = refresh_recommendation(node, now=now)
-        recommended += after is not None and after.pk != before
-    return recommended, resolve_quiet_recommendations(now=now)
+    return _refresh_recommendations_of(Node.objects.filter(pk__in=list(node_ids)), now)
 
 
 def resolve_quiet_recommendations(now=None):
@@ -134,7 +162,7 @@ def resolve_quiet_recommendations(now=None):
 def do_propose_repair(node, *, action, actor, reason, request=None, now=None):
     """An operator proposes a repair by hand; it waits for approval like any other."""
     now = now or timezone.now()
-    node = Node.objects.select_for_update().select_related("cluster").get(pk=node.pk)
+    node = Node.objects.select_for_update(of=("self",)).select_related("cluster").get(pk=node.pk)
     current = node.repairs.open().first()
     if current is not None:
         raise RepairRefused(f"{node.name} already has repair #{current.pk} "
@@ -150,7 +178,7 @@ def do_propose_repair(node, *, action, actor, reason, request=None, now=None):
     repair.events.add(*node.health_events.open())
     record_audit(actor, "repair.propose", repair, cluster=node.cluster, request=request,
                  changes={"action": action, "reason": reason}, now=now)
-    announce_repair_change(node.cluster)
+    announce_repair_change(repair)
     return repair
 
 
@@ -220,7 +248,7 @@ def start_repair(repair, now=None):
                               waiting_reason=why_wait)
         if why_wait != repair.waiting_reason:
             Repair.objects.filter(pk=repair.pk).update(waiting_reason=why_wait)
-            announce_repair_change(repair.cluster)
+            announce_repair_change(repair)
         return repair
     repair = transition(repair, Status.RUNNING, reason="started", now=now, started_at=now,
                         waiting_reason="", boot_id_before=node.boot_id)
@@ -228,16 +256,18 @@ def start_repair(repair, now=None):
         RepairStep(repair=repair, position=position, kind=kind)
         for position, kind in enumerate(STEPS[repair.action])
     ])
-    refresh_node_state(node, reason=f"repair #{repair.pk} ({repair.action}) started", now=now)
     first = repair.steps.get(position=0)
     enqueue_step(first.pk)
     return repair
 
 
-def enqueue_step(step_id):
-    from .tasks import run_repair_step
+# By name: the domain never imports a task module (repairs.tasks calls into it).
+RUN_STEP_TASK = "repairs.tasks.run_repair_step"
 
-    transaction.on_commit(lambda: run_repair_step.delay(step_id))
+
+def enqueue_step(step_id):
+    """Once committed, a worker runs the step (repairs.tasks.run_repair_step)."""
+    transaction.on_commit(lambda: current_app.send_task(RUN_STEP_TASK, args=[step_id]))
 
 
 def start_waiting_repairs(now=None):

@@ -15,16 +15,17 @@ from django.db import transaction
 from django.utils import timezone
 
 from healthchecks.checks import AFTER_REBOOT_CHECKS
+from healthchecks.inventory import do_accept_gpu_inventory
 from healthchecks.models import CheckRun
 from healthchecks.services import do_request_checks
-from nodes.services import do_accept_gpu_inventory, do_pause_node, offer_command_to_agent
-from nodes.states import refresh_node_state
+from nodes.models import AgentCommand
+from nodes.services import do_pause_node, do_send_command
 
 from .choices import Action, Status, StepKind, StepStatus
 from .executors import ExecutorError, NoScheduler, RetryLater
 from .live import announce_repair_change
 from .models import Repair, RepairSettings, RepairStep
-from .services import DUE_EARLY, enqueue_step, settings_for
+from .services import DUE_EARLY, due_steps, enqueue_step, settings_for
 from .transitions import transition
 
 RECHECK = timedelta(seconds=5)
@@ -85,9 +86,7 @@ def provider_for(cluster):
 
 
 def send_reboot(node):
-    from nodes.services import do_send_command
-
-    return do_send_command(node, "reboot")
+    return do_send_command(node, AgentCommand.Action.REBOOT)
 
 
 # The steps. Each takes (repair, step, now) and returns Done, Wait or Failed.
@@ -139,8 +138,6 @@ def act(repair, step, now):
 
 
 def act_reboot(repair, step):
-    from nodes.models import AgentCommand
-
     command_id = step.details.get("command_id")
     if command_id is None:
         with transaction.atomic():
@@ -153,10 +150,6 @@ def act_reboot(repair, step):
     if command.status in ("failed", "timed_out"):
         return Failed(f"reboot command #{command.pk} {command.get_status_display()}: "
                       f"{command.message}")
-    if command.status == "queued":
-        # Its offer went out on commit and may have been lost (a worker that died right
-        # after, a dropped message): offer it again; the agent connection sends it once.
-        offer_command_to_agent(command.pk, command.node_id)
     return Wait(f"reboot command #{command.pk} is {command.get_status_display()}")
 
 
@@ -264,7 +257,7 @@ def record_outcome(step, outcome, now):
         RepairStep.objects.filter(pk=step.pk).update(
             status=StepStatus.WAITING, message=outcome.message[:500], output=output,
             next_check_at=now + outcome.after)
-        announce_repair_change(repair.cluster)
+        announce_repair_change(repair)
         return
     status = StepStatus.DONE if isinstance(outcome, Done) else StepStatus.FAILED
     RepairStep.objects.filter(pk=step.pk).update(
@@ -276,12 +269,11 @@ def record_outcome(step, outcome, now):
     following = repair.steps.filter(position__gt=step.position).order_by("position").first()
     if following is not None:
         enqueue_step(following.pk)
-        announce_repair_change(repair.cluster)
+        announce_repair_change(repair)
         return
     transition(repair, Status.SUCCEEDED, reason="every step done", now=now, finished_at=now,
                outcome=outcome.message if repair.action == Action.REMOVE else
                "repaired: drained, acted, back, verified and resumed")
-    refresh_node_state(repair.node, reason=f"repair #{repair.pk} succeeded", now=now)
 
 
 def fail_repair(repair, why, now):
@@ -293,8 +285,6 @@ def fail_repair(repair, why, now):
 
 def run_due_steps(now=None):
     """Beat: enqueue the waiting steps whose next check has come."""
-    from .services import due_steps
-
     due = due_steps(now)
     for step_id in due:
         with transaction.atomic():

@@ -12,20 +12,21 @@ def run_repair_step(step_id):
 @shared_task
 def advance_repairs():
     """Beat, every 5 s: waiting steps whose time has come run again, waiting repairs start
-    when the blast-radius limit allows, and recommendations follow the open events."""
+    when the blast-radius limit allows, and proposals whose events stayed closed resolve."""
     return {
         "due_steps": steps.run_due_steps(),
         "started": services.start_waiting_repairs(),
-        "recommended_resolved": services.refresh_recommendations(),
+        "resolved": services.resolve_quiet_recommendations(),
     }
 
 
 @shared_task
-def recommend_repair(node_id):
-    """A health event opened on the node: recommend a repair now rather than at the next
-    beat."""
-    from nodes.models import Node
+def recommend_from_changes():
+    """Beat, every second: the recommender reads the health changes of the change feed."""
+    return services.recommend_from_changes()
 
-    node = Node.objects.filter(pk=node_id).first()
-    if node is not None:
-        services.refresh_recommendation(node)
+
+@shared_task
+def sweep_recommendations():
+    """Beat, every minute: recommendations that time alone makes due (a cooldown ended)."""
+    return services.refresh_recommendations()

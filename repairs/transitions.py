@@ -13,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from clusterui.services import actor_name
+from nodes.states import refresh_node_state
 
 from .choices import Status
 from .live import announce_repair_change
@@ -64,5 +65,11 @@ def transition(repair, to, *, actor=None, reason="", now=None, **fields):
                                     actor=actor, actor_name=actor_name(actor),
                                     reason=reason[:500], at=now)
     repair.refresh_from_db()
-    announce_repair_change(repair.cluster)
+    announce_repair_change(repair)
+    if Status.RUNNING in (current, to):
+        # A running repair pauses its node (DESIGN.md "Node states"): hand the fact down.
+        running = f"repair #{repair.pk} ({repair.action}) is running" if to == Status.RUNNING else ""
+        refresh_node_state(repair.node, actor=actor, now=now, running_repair=running,
+                           reason=f"repair #{repair.pk} ({repair.action}) "
+                                  f"{'started' if to == Status.RUNNING else to}")
     return repair

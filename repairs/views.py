@@ -110,11 +110,6 @@ class RepairCard:
     def action_explanation(self):
         return ACTION_EXPLANATIONS[self.repair.action]
 
-    @property
-    def moving(self):
-        """Approved and not yet finished: its steps move (the page follows them)."""
-        return self.repair.status in (Status.APPROVED, Status.WAITING, Status.RUNNING)
-
 
 def jobs_at_risk(cluster, nodes):
     """{node id: JobsAtRisk}. A scheduler that did not answer for one node is not asked

@@ -21,7 +21,7 @@ from clusterui.roles import Role
 from clusterui.tests.factories import ClusterFactory, UserFactory
 from healthchecks.models import HealthEvent
 from nodes.choices import NodeState
-from nodes.heartbeats import SIGNATURE as HEARTBEAT_LOST
+from healthchecks.heartbeats import SIGNATURE as HEARTBEAT_LOST
 from nodes.models import AgentEventReceipt, Gpu, Node, PublisherStatus
 from nodes.publisher import LEASE_KEY
 from nodes.services import do_issue_join_token
@@ -147,7 +147,7 @@ def test_an_agent_registers_reports_samples_and_its_xid_is_stored_and_acked(stac
 
 def sweeps_done(worker):
     """How many heartbeat sweeps the worker has finished (its INFO log says each)."""
-    return sum("nodes.tasks.sweep_heartbeats[" in line and " succeeded " in line
+    return sum("healthchecks.tasks.sweep_heartbeats[" in line and " succeeded " in line
                for line in worker.log_text().splitlines())
 
 

@@ -10,16 +10,18 @@ from clusterui.models import AuditEntry
 from healthchecks.checks import ACCEPTANCE_CHECKS, AFTER_REBOOT_CHECKS, params_for
 from healthchecks.models import CheckRun, HealthEvent
 from healthchecks.services import (
+    CHECK_RUNS,
     do_record_check_result,
     do_record_health_event,
     do_request_check,
-    expire_check_runs,
     run_check_frame,
     start_checks_after_hello,
 )
+from healthchecks.tests.factories import say_hello
+from nodes import agent_work
 from nodes.choices import NodeState
 from nodes.models import Node
-from nodes.services import do_record_hello, do_register_node
+from nodes.services import do_register_node
 from nodes.tests.factories import GpuFactory, NodeFactory
 
 pytestmark = pytest.mark.django_db
@@ -38,7 +40,7 @@ def no_boot_window(settings):
 @pytest.fixture
 def node(cluster):
     node = do_register_node(cluster, "gpu-001")
-    do_record_hello(node, boot_id="boot-1", gpus=HELLO_GPUS)
+    say_hello(node, boot_id="boot-1", gpus=HELLO_GPUS)
     node.refresh_from_db()
     return node
 
@@ -114,7 +116,7 @@ def test_a_result_for_another_nodes_run_is_refused_and_a_late_one_changes_nothin
     run, _ = do_request_check(node, "nvml_sanity")
     assert do_record_check_result(other, run_id=run.pk, status="passed") is None
 
-    expire_check_runs(now=run.deadline_at)
+    agent_work.expire_work(CHECK_RUNS, now=run.deadline_at)
     do_record_check_result(node, run_id=run.pk, status="failed", message="late")
     run.refresh_from_db()
     assert run.status == CheckRun.Status.TIMED_OUT and run.message.startswith("no result in time")
@@ -126,8 +128,8 @@ def test_runs_past_their_deadline_time_out_and_say_why(node):
     offline, _ = do_request_check(node, "nvml_sanity", now=now)
     sent, _ = do_request_check(node, "storage", now=now)
     CheckRun.objects.filter(pk=sent.pk).update(status="running", sent_at=now)
-    assert expire_check_runs(now=now + timedelta(seconds=119)) == 0
-    assert expire_check_runs(now=now + timedelta(seconds=900)) == 2
+    assert agent_work.expire_work(CHECK_RUNS, now=now + timedelta(seconds=119)) == 0
+    assert agent_work.expire_work(CHECK_RUNS, now=now + timedelta(seconds=900)) == 2
     offline.refresh_from_db()
     sent.refresh_from_db()
     assert offline.message == "no result in time: the node's agent was not connected"
@@ -144,7 +146,7 @@ def test_acceptance_holds_a_new_node_pending_until_the_battery_passes(cluster):
     cluster.save()
     node = do_register_node(cluster, "gpu-002")
     assert node.acceptance_required
-    do_record_hello(node, boot_id="boot-1", gpus=HELLO_GPUS)
+    say_hello(node, boot_id="boot-1", gpus=HELLO_GPUS)
     start_checks_after_hello(node, rebooted=True)
     runs = CheckRun.objects.filter(node=node, purpose="acceptance")
     assert sorted(runs.values_list("check_name", flat=True)) == sorted(ACCEPTANCE_CHECKS)
@@ -185,7 +187,7 @@ def test_a_reboot_that_passes_its_checks_closes_the_xids_from_before_it(node):
                                  message="GPU has fallen off the bus", now=before)
     heartbeat = do_record_health_event(node, signature="heartbeat_lost", severity="critical",
                                        now=before)
-    do_record_hello(node, boot_id="boot-2", gpus=HELLO_GPUS)
+    say_hello(node, boot_id="boot-2", gpus=HELLO_GPUS)
     start_checks_after_hello(node, rebooted=True)
     runs = CheckRun.objects.filter(node=node, purpose="after_reboot")
     assert sorted(runs.values_list("check_name", flat=True)) == sorted(AFTER_REBOOT_CHECKS)
@@ -204,7 +206,7 @@ def test_a_reboot_that_passes_its_checks_closes_the_xids_from_before_it(node):
 def test_a_reboot_whose_checks_fail_keeps_the_xids_open(node):
     xid = do_record_health_event(node, signature="xid:79", severity="critical",
                                  gpu=node.gpus.get(index=3), now=timezone.now() - timedelta(1))
-    do_record_hello(node, boot_id="boot-2", gpus=HELLO_GPUS)
+    say_hello(node, boot_id="boot-2", gpus=HELLO_GPUS)
     start_checks_after_hello(node, rebooted=True)
     sanity = CheckRun.objects.get(node=node, check_name="nvml_sanity")
     do_record_check_result(node, run_id=sanity.pk, status="failed",
@@ -216,7 +218,7 @@ def test_a_reboot_whose_checks_fail_keeps_the_xids_open(node):
 
 
 def test_a_reboot_without_open_xids_runs_no_checks(node):
-    do_record_hello(node, boot_id="boot-2", gpus=HELLO_GPUS)
+    say_hello(node, boot_id="boot-2", gpus=HELLO_GPUS)
     start_checks_after_hello(node, rebooted=True)
     assert not CheckRun.objects.exists()
 
@@ -231,10 +233,10 @@ def test_a_node_of_unknown_gpus_gets_no_thresholds(cluster):
 
 def test_a_reboot_that_passes_leaves_a_gpu_still_missing_from_the_hello_lost(node):
     seven = [gpu for gpu in HELLO_GPUS if gpu["index"] != 3]
-    do_record_hello(node, boot_id="boot-2", gpus=seven)  # GPU 3 missing: gpu_lost opens
+    say_hello(node, boot_id="boot-2", gpus=seven)  # GPU 3 missing: gpu_lost opens
     lost = HealthEvent.objects.get(signature="gpu_lost")
     HealthEvent.objects.filter(pk=lost.pk).update(first_seen=timezone.now() - timedelta(1))
-    do_record_hello(node, boot_id="boot-3", gpus=seven)
+    say_hello(node, boot_id="boot-3", gpus=seven)
     start_checks_after_hello(node, rebooted=True)
     assert CheckRun.objects.filter(purpose="after_reboot").count() == 2
     sanity = CheckRun.objects.get(check_name="nvml_sanity")

@@ -6,6 +6,7 @@ from channels.db import database_sync_to_async
 from healthchecks.models import CheckRun, HealthEvent
 from healthchecks.services import do_request_check
 from nodes.models import Node
+from nodes.publisher import Publisher
 from nodes.services import do_issue_join_token
 from nodes.tests.test_consumers import join, receive, send
 
@@ -33,6 +34,7 @@ async def request_check(name, check):
 async def test_a_requested_check_reaches_the_connected_agent_and_its_result_is_kept(join_token):
     communicator, _ = await join(join_token)
     run = await request_check("gpu-001", "gpu_compute")
+    await Publisher().push_changes()  # the change feed offers it to the connection
 
     frame = await receive(communicator)
     assert frame == {"type": "run_check", "run_id": run.pk, "check": "gpu_compute",

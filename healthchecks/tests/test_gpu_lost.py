@@ -11,12 +11,9 @@ from healthchecks.models import HealthEvent
 from healthchecks.services import do_record_health_event
 from nodes.choices import NodeState
 from nodes.models import Gpu
-from nodes.services import (
-    do_accept_gpu_inventory,
-    do_record_hello,
-    do_register_node,
-    review_gpu_inventory,
-)
+from healthchecks.inventory import do_accept_gpu_inventory, review_gpu_inventory
+from healthchecks.tests.factories import say_hello
+from nodes.services import do_register_node
 
 pytestmark = pytest.mark.django_db
 
@@ -46,7 +43,7 @@ def start():
 def node(cluster, start):
     """A node whose agent said hello with its 8 GPUs, past its boot window."""
     node = do_register_node(cluster, "gpu-017", now=start)
-    do_record_hello(node, boot_id=BOOT, gpus=EIGHT, now=start)
+    say_hello(node, boot_id=BOOT, gpus=EIGHT, now=start)
     return node
 
 
@@ -59,7 +56,7 @@ def inventory(node):
 
 
 def test_a_hello_without_a_gpu_of_the_inventory_opens_gpu_lost(node, start):
-    node = do_record_hello(node, boot_id=BOOT, gpus=without(EIGHT, "GPU-0003"),
+    node = say_hello(node, boot_id=BOOT, gpus=without(EIGHT, "GPU-0003"),
                            now=later(start, 5))
 
     event = HealthEvent.objects.open().get(node=node)
@@ -77,7 +74,7 @@ def test_a_hello_without_a_gpu_of_the_inventory_opens_gpu_lost(node, start):
 
 def test_repeated_hellos_without_the_gpu_do_not_open_it_again(node, start):
     for minute in (5, 6, 7):
-        do_record_hello(node, boot_id=BOOT, gpus=without(EIGHT, "GPU-0003"),
+        say_hello(node, boot_id=BOOT, gpus=without(EIGHT, "GPU-0003"),
                         now=later(start, minute))
 
     event = HealthEvent.objects.get(node=node)
@@ -86,8 +83,8 @@ def test_repeated_hellos_without_the_gpu_do_not_open_it_again(node, start):
 
 
 def test_a_gpu_back_in_a_hello_keeps_its_gpu_lost_open(node, start):
-    do_record_hello(node, boot_id=BOOT, gpus=without(EIGHT, "GPU-0003"), now=later(start, 5))
-    node = do_record_hello(node, boot_id=BOOT, gpus=EIGHT, now=later(start, 6))
+    say_hello(node, boot_id=BOOT, gpus=without(EIGHT, "GPU-0003"), now=later(start, 5))
+    node = say_hello(node, boot_id=BOOT, gpus=EIGHT, now=later(start, 6))
 
     assert HealthEvent.objects.open().filter(node=node, signature="gpu_lost").count() == 1
     assert node.state == NodeState.UNHEALTHY  # an edge signal: accepted, not healed
@@ -96,7 +93,7 @@ def test_a_gpu_back_in_a_hello_keeps_its_gpu_lost_open(node, start):
 
 def test_a_replaced_gpu_waits_for_acceptance(node, start):
     replaced = without(EIGHT, "GPU-0003") + [hello_gpu(3, "GPU-new3")]
-    do_record_hello(node, boot_id=REBOOT, gpus=replaced, now=later(start, 30))
+    say_hello(node, boot_id=REBOOT, gpus=replaced, now=later(start, 30))
 
     assert ("GPU-new3" not in [uuid for _, uuid in inventory(node)])
     review = review_gpu_inventory(node)
@@ -108,7 +105,7 @@ def test_a_replaced_gpu_waits_for_acceptance(node, start):
 
 def test_accepting_the_replacement_closes_gpu_lost_and_is_audited(node, start, operator):
     replaced = without(EIGHT, "GPU-0003") + [hello_gpu(3, "GPU-new3")]
-    do_record_hello(node, boot_id=REBOOT, gpus=replaced, now=later(start, 30))
+    say_hello(node, boot_id=REBOOT, gpus=replaced, now=later(start, 30))
     old = Gpu.objects.get(uuid="GPU-0003")
     accepted_at = later(start, 40)
 
@@ -135,7 +132,7 @@ def test_accepting_the_replacement_closes_gpu_lost_and_is_audited(node, start, o
 def test_accepting_a_lost_gpu_renumbers_the_ones_after_it(node, start, operator):
     # NVML numbers the GPUs it finds: after a reboot without GPU 3, GPUs 4-7 are 3-6.
     renumbered = [hello_gpu(i if i < 3 else i - 1, f"GPU-{i:04d}") for i in range(8) if i != 3]
-    do_record_hello(node, boot_id=REBOOT, gpus=renumbered, now=later(start, 30))
+    say_hello(node, boot_id=REBOOT, gpus=renumbered, now=later(start, 30))
     assert HealthEvent.objects.open().get(node=node).gpu.uuid == "GPU-0003"
 
     do_accept_gpu_inventory(node, actor=operator, now=later(start, 40))
@@ -146,8 +143,8 @@ def test_accepting_a_lost_gpu_renumbers_the_ones_after_it(node, start, operator)
 
 
 def test_accepting_closes_a_gpu_lost_whose_gpu_came_back(node, start, operator):
-    do_record_hello(node, boot_id=BOOT, gpus=without(EIGHT, "GPU-0003"), now=later(start, 5))
-    do_record_hello(node, boot_id=BOOT, gpus=EIGHT, now=later(start, 6))
+    say_hello(node, boot_id=BOOT, gpus=without(EIGHT, "GPU-0003"), now=later(start, 5))
+    say_hello(node, boot_id=BOOT, gpus=EIGHT, now=later(start, 6))
 
     review = review_gpu_inventory(node)
     assert not review.difference and [e.gpu.uuid for e in review.gpu_lost] == ["GPU-0003"]
@@ -163,7 +160,7 @@ def test_accepting_leaves_a_gpu_lost_the_agent_saw_on_a_listed_gpu(node, start, 
     do_record_health_event(node, signature="gpu_lost", severity="critical", gpu=gpu,
                            message="GPU is lost", evidence={"source": "nvml"},
                            now=later(start, 5))
-    do_record_hello(node, boot_id=BOOT, gpus=without(EIGHT, "GPU-0003"), now=later(start, 6))
+    say_hello(node, boot_id=BOOT, gpus=without(EIGHT, "GPU-0003"), now=later(start, 6))
 
     do_accept_gpu_inventory(node, actor=operator, now=later(start, 7))
 
@@ -171,11 +168,11 @@ def test_accepting_leaves_a_gpu_lost_the_agent_saw_on_a_listed_gpu(node, start, 
 
 
 def test_a_gpu_lost_again_after_acceptance_opens_a_new_event(node, start, operator):
-    do_record_hello(node, boot_id=BOOT, gpus=without(EIGHT, "GPU-0003"), now=later(start, 5))
-    do_record_hello(node, boot_id=BOOT, gpus=EIGHT, now=later(start, 6))
+    say_hello(node, boot_id=BOOT, gpus=without(EIGHT, "GPU-0003"), now=later(start, 5))
+    say_hello(node, boot_id=BOOT, gpus=EIGHT, now=later(start, 6))
     do_accept_gpu_inventory(node, actor=operator, now=later(start, 7))
 
-    do_record_hello(node, boot_id=BOOT, gpus=without(EIGHT, "GPU-0003"), now=later(start, 8))
+    say_hello(node, boot_id=BOOT, gpus=without(EIGHT, "GPU-0003"), now=later(start, 8))
 
     assert HealthEvent.objects.filter(node=node, signature="gpu_lost").count() == 2
     assert HealthEvent.objects.open().get(node=node).first_seen == later(start, 8)
@@ -195,7 +192,7 @@ def test_a_node_without_a_recorded_hello_has_nothing_to_accept(cluster, operator
 
 
 def test_a_repair_accepts_as_the_system(node, start):
-    do_record_hello(node, boot_id=REBOOT, gpus=without(EIGHT, "GPU-0003"), now=later(start, 30))
+    say_hello(node, boot_id=REBOOT, gpus=without(EIGHT, "GPU-0003"), now=later(start, 30))
 
     do_accept_gpu_inventory(node, actor=None, now=later(start, 40))
 

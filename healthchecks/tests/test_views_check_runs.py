@@ -72,15 +72,19 @@ def test_viewers_see_runs_but_get_no_form_and_403_from_the_endpoint(client_for, 
     assert client.get(RUN).status_code == 405
 
 
-def test_the_table_stops_polling_once_every_run_has_finished(client_for, viewer, node):
+def test_the_table_refetches_itself_when_the_socket_says_a_run_changed(client_for, viewer,
+                                                                      node):
     run, _ = do_request_check(node, "storage")
     client = client_for(viewer)
     moving = client.get(RUNS, {"node": "gpu-017"}, HTTP_HX_REQUEST="true").text
-    assert 'hx-trigger="every 3s"' in moving and moving.lstrip().startswith('<div id="run-table"')
+    assert moving.lstrip().startswith('<div id="run-table"')
+    assert 'hx-trigger="check-changed from:body throttle:1s"' in moving
+    assert 'hx-get="/c/prod-h200/health/checks/?node=gpu-017"' in moving
+    assert "every" not in moving.split(">", 1)[0]  # no polling
     do_record_check_result(node, run_id=run.pk, status="error",
                            message="/scratch is not writable")
     done = client.get(RUNS, {"node": "gpu-017"}, HTTP_HX_REQUEST="true").text
-    assert 'hx-trigger' not in done and "/scratch is not writable" in done
+    assert "/scratch is not writable" in done
 
 
 def test_the_runs_page_filters_and_its_queries_do_not_grow(client_for, viewer, cluster,

@@ -9,18 +9,16 @@ from channels.db import database_sync_to_async
 from django.utils import timezone
 
 from clusterui.models import AuditEntry
-from nodes import tasks
-from nodes.ingest import command_frames_for
+from nodes import agent_work, tasks
 from nodes.models import AgentCommand, Node
+from nodes.publisher import Publisher
 from nodes.services import (
+    COMMANDS,
     do_issue_join_token,
-    do_mark_command_sent,
     do_record_command_result,
     do_record_hello,
     do_register_node,
     do_send_command,
-    expire_commands,
-    unfinished_command_ids,
 )
 from nodes.tests.test_consumers import join, receive, send
 
@@ -40,6 +38,23 @@ def node(cluster):
     do_record_hello(node, boot_id="boot-1")
     node.refresh_from_db()
     return node
+
+
+def do_mark_command_sent(node_id, command_id, now=None):
+    return agent_work.do_mark_sent(COMMANDS, node_id, command_id, now=now)
+
+
+def expire_commands(now=None):
+    return agent_work.expire_work(COMMANDS, now=now)
+
+
+def unfinished_command_ids(node_id):
+    return agent_work.unanswered_ids(COMMANDS, node_id)
+
+
+def command_frames_for(node_id):
+    """What a hello sends of the node's commands."""
+    return agent_work.frames_after_hello([COMMANDS], node_id)
 
 
 def reload(command):
@@ -254,6 +269,7 @@ async def reloaded(command):
 async def test_a_command_reaches_the_connected_agent_and_its_answers_are_kept(join_token):
     communicator, _ = await join(join_token)
     command = await send_command("gpu-001")
+    await Publisher().push_changes()  # the change feed offers it to the connection
 
     assert await receive(communicator) == {
         "type": "command", "id": command.pk, "action": "reboot", "params": {}}
@@ -294,28 +310,18 @@ async def test_a_reboot_goes_out_after_the_hello_again_until_the_node_comes_back
 
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
-async def test_a_command_whose_offer_was_lost_is_offered_again_by_the_publisher(
-        join_token, monkeypatch, settings):
-    """As from a Celery worker in embedded mode: the on-commit offer reaches nobody."""
-    from nodes.publisher import Publisher
-
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    settings.CLUSTERUI_PUBLISHER = False
+async def test_a_command_asked_anywhere_reaches_the_agent_through_the_change_feed(join_token):
+    """As from a Celery worker: the service only writes; the publisher, reading the change
+    feed, offers the command to the connection once."""
     communicator, _ = await join(join_token)
-    monkeypatch.setattr("nodes.services.offer_command_to_agent", lambda *args: None)
     node = await database_sync_to_async(Node.objects.get)(name="gpu-001")
     command = await database_sync_to_async(do_send_command)(node, "reboot")
-    assert await communicator.receive_nothing(timeout=0.3)
+    assert await communicator.receive_nothing(timeout=0.3)  # no publisher has read it yet
 
     publisher = Publisher()
-    await publisher.publish_once(now=timezone.now())  # asked less than 2 s ago: not yet
-    assert await communicator.receive_nothing(timeout=0.3)
-    later = timezone.now() + timedelta(seconds=3)
-    # Its samples keep last_seen fresh: the publisher offers only to nodes heard from lately.
-    await database_sync_to_async(Node.objects.filter(pk=node.pk).update)(last_seen=later)
-    await publisher.publish_once(now=later)
+    await publisher.push_changes()
     frame = await receive(communicator)
     assert (frame["type"], frame["id"], frame["action"]) == ("command", command.pk, "reboot")
-    await publisher.publish_once(now=timezone.now() + timedelta(seconds=4))  # sent: once only
+    await publisher.push_changes()  # read once, sent once
     assert await communicator.receive_nothing(timeout=0.3)
     await communicator.disconnect()

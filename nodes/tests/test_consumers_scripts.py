@@ -6,6 +6,7 @@ from channels.db import database_sync_to_async
 
 from nodes.choices import NodeState
 from nodes.models import Node, ScriptRun
+from nodes.publisher import Publisher
 from nodes.scripts import Validation, do_save_startup_script
 from nodes.tests.test_consumers import (  # noqa: F401 (fixtures)
     hello,
@@ -48,6 +49,7 @@ async def test_config_after_welcome_carries_the_scripts_and_comes_again_on_chang
     assert node.boot_tasks_running and node.state == NodeState.BOOTING
 
     await database_sync_to_async(save)(cluster, "echo two\n", event="job_start")
+    await Publisher().push_changes()  # the change feed tells the connection
     config = await frames_until(communicator, "config")
     assert [(s["event"], s["body"]) for s in config["startup_scripts"]] == [
         ("job_start", "echo two\n"), ("node_boot", "echo one\n")]

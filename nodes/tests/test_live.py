@@ -13,10 +13,11 @@ from django.utils import timezone
 from clusterui.asgi import application
 from healthchecks.models import HealthEvent
 from nodes.choices import NodeState
-from nodes.heartbeats import sweep_heartbeats
+from healthchecks.heartbeats import sweep_heartbeats
 from nodes.live import MemoryLiveStore, live_entry
 from nodes.models import ClusterRollup, Node, NodeRollup, PublisherStatus
-from nodes.publisher import Publisher, cluster_group
+from common.groups import cluster_group
+from nodes.publisher import Publisher
 from nodes.rollups import prune_rollups
 
 from .factories import NodeFactory

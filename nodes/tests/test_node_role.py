@@ -2,16 +2,14 @@
 node page or for several nodes from the Nodes list; the change is audited and the node's
 connected agent gets its new role's scripts in a `config` frame at once."""
 
-import asyncio
 
 import pytest
-from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
 from django.urls import reverse
 
 from clusterui.models import AuditEntry
-from nodes.consumers import agent_group
+from common.groups import agent_group
+from nodes.publisher import Publisher, read_feed_messages
 from nodes.models import Node
 from nodes.scripts import Validation, config_frame_for, do_save_startup_script
 from nodes.services import do_set_node_role
@@ -44,23 +42,6 @@ def bulk_role_url(cluster, query=""):
     return reverse("nodes:bulk_set_role", args=[cluster.slug]) + query
 
 
-def listen_to_agent_group(node):
-    """A channel in the node's agent group, as a connected agent's consumer is: what the
-    group is sent arrives on it."""
-    layer = get_channel_layer()
-    channel = async_to_sync(layer.new_channel)()
-    async_to_sync(layer.group_add)(agent_group(node.pk), channel)
-    return layer, channel
-
-
-def next_message(layer, channel):
-    """The next message on the channel; a failure after 5 s, not a wait for ever."""
-    async def receive():
-        return await asyncio.wait_for(layer.receive(channel), timeout=5)
-
-    return async_to_sync(receive)()
-
-
 # The service
 
 
@@ -77,26 +58,20 @@ def test_a_new_role_is_audited_with_before_and_after(node, admin):
 
 
 @pytest.mark.django_db
-def test_a_connected_agent_is_told_its_config_changed_once_committed(
-        node, admin, django_capture_on_commit_callbacks):
-    layer, channel = listen_to_agent_group(node)
+def test_the_nodes_agent_is_told_its_config_changed(node, admin):
+    do_set_node_role(node, "controller", actor=admin)
 
-    with django_capture_on_commit_callbacks(execute=True) as callbacks:
-        do_set_node_role(node, "controller", actor=admin)
-
-    assert len(callbacks) == 1
-    assert next_message(layer, channel) == {"type": "config.changed"}
+    # What the publisher sends once it reads the change feed.
+    assert read_feed_messages() == [(agent_group(node.pk), {"type": "config.changed"})]
 
 
 @pytest.mark.django_db
-def test_the_same_role_again_changes_nothing_and_writes_no_entry(
-        node, admin, django_capture_on_commit_callbacks):
-    with django_capture_on_commit_callbacks() as callbacks:
-        changed = do_set_node_role(node, "worker", actor=admin)
+def test_the_same_role_again_changes_nothing_and_writes_no_entry(node, admin):
+    changed = do_set_node_role(node, "worker", actor=admin)
 
     assert changed is False
     assert not AuditEntry.objects.exists()
-    assert callbacks == []  # nothing sent to the agent
+    assert read_feed_messages() == []  # nothing sent to the agent
 
 
 @pytest.mark.django_db
@@ -132,6 +107,7 @@ async def test_a_connected_agent_gets_its_new_roles_scripts_at_once(cluster, joi
         name="gpu-001")
 
     await database_sync_to_async(do_set_node_role)(node, "controller", actor=admin)
+    await Publisher().push_changes()  # the change feed tells the connection
 
     config = await receive(communicator)
     while config["type"] != "config":
@@ -245,15 +221,12 @@ def nodes(cluster):
 
 
 @pytest.mark.django_db
-def test_an_admin_sets_the_role_of_several_nodes(client_for, admin, cluster, nodes,
-                                                 django_capture_on_commit_callbacks):
+def test_an_admin_sets_the_role_of_several_nodes(client_for, admin, cluster, nodes):
     Node.objects.filter(pk=nodes[0].pk).update(role="login")
-    layers = [listen_to_agent_group(node) for node in nodes[:3]]
 
-    with django_capture_on_commit_callbacks(execute=True):
-        response = client_for(admin).post(
-            bulk_role_url(cluster, "?state=healthy"),
-            {"nodes": [n.name for n in nodes[:3]], "role": "login"}, follow=True)
+    response = client_for(admin).post(
+        bulk_role_url(cluster, "?state=healthy"),
+        {"nodes": [n.name for n in nodes[:3]], "role": "login"}, follow=True)
 
     assert response.redirect_chain == [("/c/prod-h200/nodes/?state=healthy", 302)]
     assert "Set the role to login on 2 nodes; 1 was already login." in response.text
@@ -261,8 +234,8 @@ def test_an_admin_sets_the_role_of_several_nodes(client_for, admin, cluster, nod
         "gpu-001", "gpu-002", "gpu-003"]
     entries = AuditEntry.objects.filter(action="node.set_role")
     assert sorted(entries.values_list("object_repr", flat=True)) == ["gpu-002", "gpu-003"]
-    for layer, channel in layers[1:]:
-        assert next_message(layer, channel) == {"type": "config.changed"}
+    assert read_feed_messages() == [(agent_group(node.pk), {"type": "config.changed"})
+                                    for node in nodes[1:3]]
 
 
 @pytest.mark.django_db

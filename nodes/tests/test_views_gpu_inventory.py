@@ -9,7 +9,8 @@ from django.utils import timezone
 from clusterui.models import AuditEntry
 from healthchecks.models import HealthEvent
 from nodes.models import Gpu
-from nodes.services import do_record_hello, do_register_node
+from healthchecks.tests.factories import say_hello
+from nodes.services import do_register_node
 
 pytestmark = pytest.mark.django_db
 
@@ -25,9 +26,9 @@ def node(cluster):
     start = timezone.now() - timedelta(hours=1)
     node = do_register_node(cluster, "gpu-017", now=start)
     gpus = [hello_gpu(i, f"GPU-{i:04d}") for i in range(8)]
-    do_record_hello(node, boot_id="boot-1", gpus=gpus, now=start)
+    say_hello(node, boot_id="boot-1", gpus=gpus, now=start)
     gpus[3] = hello_gpu(3, "GPU-new3")
-    return do_record_hello(node, boot_id="boot-2", gpus=gpus, now=start + timedelta(minutes=30))
+    return say_hello(node, boot_id="boot-2", gpus=gpus, now=start + timedelta(minutes=30))
 
 
 def accept_url(node):

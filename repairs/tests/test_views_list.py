@@ -166,7 +166,6 @@ def test_running_repairs_show_their_steps_and_waiting_ones_why(client_for, viewe
     assert "reboot command sent to the agent" in section and "2 attempts" in section
     assert "wait for the node" in section
     assert "Waiting to start: 1 of 10 nodes are out of service" in section
-    assert "data-repairs-moving" in text  # the page follows them
 
 
 def test_awaiting_comes_first_then_running_then_history(client_for, viewer, cluster, url):
@@ -177,7 +176,6 @@ def test_awaiting_comes_first_then_running_then_history(client_for, viewer, clus
     positions = [text.index(f'id="{section}"') for section in
                  ("repair-awaiting", "repair-running", "repair-history")]
     assert positions == sorted(positions)
-    assert "data-repairs-moving" in text
 
 
 def test_empty_sections_say_what_would_appear(client_for, viewer, url):
@@ -185,7 +183,6 @@ def test_empty_sections_say_what_would_appear(client_for, viewer, url):
     assert "No repair awaits approval" in text
     assert "No repair is running" in text
     assert "No finished repairs yet" in text
-    assert "data-repairs-moving" not in text
 
 
 def history(client, url, query=""):

@@ -7,14 +7,11 @@
 // and every region such a fetch replaces with data-repairs-live.
 //
 // The fetching (at most once a second, forms the operator is filling in left alone with
-// #repairs-held shown, open <details> kept open) is static/js/refresh.js's. While a repair on
-// the page is approved and not finished (data-repairs-moving), the page also looks every 5 s:
-// a Celery worker may move its steps where this page's socket cannot hear it (the embedded
-// mode's in-memory channel layer).
+// #repairs-held shown, open <details> kept open) is static/js/refresh.js's. Every move of a
+// repair reaches the socket, wherever it was made (a Celery worker too): the publisher reads
+// it from the change feed.
 (function () {
-  const MOVING_POLL_MS = 5000;
-
-  const refreshSoon = liveRefresh({
+  liveRefresh({
     name: "repairs",
     // A node changed state: a repair starting or ending pauses or resumes its node.
     events: ["repair-changed", "cluster-changed"],
@@ -25,8 +22,4 @@
     regions: function () { return Array.from(document.querySelectorAll("[data-repairs-live]")); },
     note: function () { return document.getElementById("repairs-held"); },
   });
-
-  setInterval(function () {
-    if (document.querySelector("[data-repairs-moving]")) refreshSoon();
-  }, MOVING_POLL_MS);
 })();

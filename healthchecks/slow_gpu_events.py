@@ -7,12 +7,12 @@ once a minute), and writes only when the rule opens or closes something.
 from django.conf import settings
 from django.db import close_old_connections
 
-from healthchecks.choices import Severity
-from healthchecks.models import HealthEvent
-from healthchecks.services import do_close_health_event, do_record_health_event
-from healthchecks.slow_gpus import SLOW_GPU, SlowGpuLimits
+from nodes.models import Gpu
 
-from .models import Gpu
+from .choices import Severity
+from .models import HealthEvent
+from .services import do_close_health_event, do_record_health_event
+from .slow_gpus import SLOW_GPU, SlowGpuLimits
 
 # The GPU models are read again this often: a GPU that just joined an inventory is compared
 # with its peers from then on.

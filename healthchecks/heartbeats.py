@@ -13,10 +13,10 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from healthchecks.models import HealthEvent
-from healthchecks.services import do_close_health_event, do_record_health_event
+from nodes.models import Node, PublisherStatus
 
-from .models import Node, PublisherStatus
+from .models import HealthEvent
+from .services import do_close_health_event, do_record_health_event
 
 SIGNATURE = "heartbeat_lost"
 
