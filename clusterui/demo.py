@@ -33,7 +33,13 @@ from healthchecks.models import HealthEvent
 from healthchecks.services import do_close_health_event, do_record_health_event
 from nodes.choices import DISPLAY_ORDER
 from nodes.models import ClusterRollup, Node, NodeTransition
-from nodes.services import do_pause_node, do_record_hello, do_register_node, do_resume_node
+from nodes.services import (
+    do_issue_node_token,
+    do_pause_node,
+    do_record_hello,
+    do_register_node,
+    do_resume_node,
+)
 from nodes.states import boot_window, refresh_due_node_states
 from repairs.models import RepairSettings
 
@@ -473,8 +479,6 @@ def seed(*, reset=False, now=None):
 def prepare_fleet(fleet_dir):
     """Give each demo node's simulated agent its state dir: a fresh node token, the node's
     seeded boot id (connecting is then not a reboot) and its scheduled faults."""
-    from nodes.services import do_issue_node_token
-
     cluster = Cluster.objects.get(slug=CLUSTER_SLUG)
     for node in Node.objects.filter(cluster=cluster):
         state_dir = Path(fleet_dir) / node.name

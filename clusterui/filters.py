@@ -3,7 +3,7 @@ from django import forms
 from django.db.models import Q
 
 from .models import AuditEntry, Cluster
-from .timerange import (TimeRangeFilterForm, TimeRangeFilterMixin, period_filter,
+from common.timerange import (TimeRangeFilterForm, TimeRangeFilterMixin, period_filter,
                         since_filter, until_filter)
 
 

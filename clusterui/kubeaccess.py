@@ -25,8 +25,6 @@ from django import forms
 from django.conf import settings
 from django.db import transaction
 
-from repairs.models import RepairSettings
-
 from .models import KubernetesAccess
 from .roles import Role, role_of
 from .services import record_audit
@@ -86,8 +84,7 @@ def oidc_facts():
 
 
 def is_kubernetes(cluster):
-    return RepairSettings.objects.filter(
-        cluster=cluster, scheduler=RepairSettings.Scheduler.KUBERNETES).exists()
+    return cluster.scheduler == cluster.Scheduler.KUBERNETES
 
 
 def access_for(cluster):
@@ -260,11 +257,10 @@ def page_context(cluster, access, facts, user):
 
 def console_kubeconfig_cluster(cluster):
     """{"api_server_url", "certificate_authority_data"} from the kubeconfig the console's
-    repairs use (RepairSettings.scheduler_config), to start an admin's form with; {} when
+    repairs use (Cluster.scheduler_config), to start an admin's form with; {} when
     there is none or it cannot be read (an in-cluster console's address is the service
     network's, which people cannot reach anyway)."""
-    path = RepairSettings.objects.filter(cluster=cluster).values_list(
-        "scheduler_config", flat=True).first()
+    path = cluster.scheduler_config
     if not path:
         return {}
     try:

@@ -7,7 +7,7 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
-# The placeholders of Cluster.ssh_command_template (nodes/views.py ssh_command fills them).
+# The placeholders of Cluster.ssh_command_template (nodes/queries.py ssh_command fills them).
 SSH_PLACEHOLDER = re.compile(r"\{(user|node|hostname|login)\}")
 
 
@@ -40,6 +40,19 @@ class Cluster(models.Model):
     allow_rejoin = models.BooleanField(
         "let a join token re-register an existing node name (a reprovisioned node)", default=True
     )
+    class Scheduler(models.TextChoices):
+        NONE = "none", "none (nothing to drain)"
+        SLURM = "slurm", "Slurm"
+        KUBERNETES = "kubernetes", "Kubernetes"
+
+    scheduler = models.CharField(
+        max_length=16, choices=Scheduler.choices, default=Scheduler.NONE,
+        help_text="What runs the cluster's jobs: repairs drain and resume nodes through it, "
+                  "and job accounting reads Slurm's.")
+    scheduler_config = models.CharField(
+        max_length=255, blank=True,
+        help_text="Slurm: the slurm.conf the console's scontrol and sacct use (empty: the "
+                  "default). Kubernetes: a kubeconfig path (empty: in-cluster credentials).")
     ssh_login_host = models.CharField(
         "SSH login host", max_length=255, blank=True,
         help_text="The login (jump) host: {login} in the SSH command template.")
@@ -65,6 +78,8 @@ class Cluster(models.Model):
         "billing_rate_per_gpu_hour",
         "acceptance_tests_enabled",
         "allow_rejoin",
+        "scheduler",
+        "scheduler_config",
         "ssh_login_host",
         "ssh_command_template",
     )

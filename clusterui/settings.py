@@ -133,6 +133,7 @@ INSTALLED_APPS = [
     "healthchecks",
     "jobs",
     "repairs",
+    "startup",
 ]
 
 MIDDLEWARE = [
@@ -401,6 +402,7 @@ def every(seconds, task):
 
 CELERY_BEAT_SCHEDULE = {
     "refresh-node-states": every(10.0, "nodes.tasks.refresh_due_node_states"),
+    "end-overdue-boot-holds": every(10.0, "startup.tasks.end_overdue_boot_holds"),
     "sweep-heartbeats": every(1.0, "healthchecks.tasks.sweep_heartbeats"),
     "prune-rollups": every(3600.0, "nodes.tasks.prune_rollups"),
     "prune-changes": every(3600.0, "clusterui.tasks.prune_changes"),

@@ -38,7 +38,7 @@ urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("", include((cluster_patterns, "clusterui"))),
     path("c/<slug:slug>/nodes/", include("nodes.urls")),
-    path("c/<slug:slug>/settings/scripts/", include("nodes.script_urls")),
+    path("c/<slug:slug>/settings/scripts/", include("startup.urls")),
     path("c/<slug:slug>/health/", include("healthchecks.urls")),
     path("c/<slug:slug>/repair/", include("repairs.urls")),
     path("c/<slug:slug>/jobs/", include("jobs.urls")),

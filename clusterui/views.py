@@ -1,4 +1,3 @@
-import csv
 import json
 import logging
 
@@ -17,22 +16,19 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from common.exports import csv_response, invalid_filters_response
 from nodes.choices import NodeState
 from nodes.models import AgentToken
 from nodes.services import do_issue_join_token, do_revoke_agent_token
 
 from . import kubeaccess
-from . import overview as read
+from . import queries as read
+from .queries import get_cluster_for_user
 from .filters import AuditEntryFilter
 from .forms import ClusterCreateForm, ClusterSettingsForm, JoinTokenForm, TimelineFilterForm
 from .models import AuditEntry, Cluster
 from .roles import Role, has_role, require_role
 from .services import do_create_cluster, do_update_cluster
-
-
-def get_cluster_for_user(request, slug):
-    """The cluster named by `slug`, for a user who may read it (every role reads every cluster)."""
-    return get_object_or_404(Cluster, slug=slug)
 
 
 @require_GET
@@ -277,13 +273,6 @@ def change_lines(changes):
     return lines
 
 
-def spreadsheet_safe(value):
-    """Text a spreadsheet would run as a formula (a node an agent named "=HYPERLINK(...)")
-    gets a leading apostrophe, as OWASP advises for CSV exports."""
-    text = str(value)
-    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
-
-
 def audit_csv_row(entry):
     return [entry.at.isoformat(), entry.actor_name, entry.action,
             entry.object_type, entry.object_id, entry.object_repr,
@@ -297,12 +286,6 @@ def audit_csv(request):
     """The audit trail with the page's filters, every page, as CSV (times in UTC)."""
     audit_filter = audit_filter_for(request)
     if not audit_filter.is_valid():
-        return HttpResponse("Invalid filters: " + audit_filter.errors.as_text(), status=400,
-                            content_type="text/plain; charset=utf-8")
-    response = HttpResponse(content_type="text/csv; charset=utf-8")
-    response["Content-Disposition"] = 'attachment; filename="audit.csv"'
-    writer = csv.writer(response)
-    writer.writerow(AUDIT_CSV_COLUMNS)
-    for entry in audit_filter.qs.iterator(chunk_size=500):
-        writer.writerow([spreadsheet_safe(value) for value in audit_csv_row(entry)])
-    return response
+        return invalid_filters_response(audit_filter.errors)
+    return csv_response("audit.csv", AUDIT_CSV_COLUMNS,
+                        (audit_csv_row(entry) for entry in audit_filter.qs.iterator(chunk_size=500)))

@@ -3,7 +3,7 @@ import re
 import django_filters
 from django import forms
 
-from clusterui.timerange import (TimeRangeFilterForm, TimeRangeFilterMixin, period_filter,
+from common.timerange import (TimeRangeFilterForm, TimeRangeFilterMixin, period_filter,
                                  since_filter, until_filter)
 
 from .choices import Severity, Source

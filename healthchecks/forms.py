@@ -1,5 +1,8 @@
 from django import forms
 
+from .checks import ACCEPTANCE_CHECKS, CHECKS
+from .models import CheckRun
+
 
 class ResolveForm(forms.Form):
     comment = forms.CharField(max_length=200, help_text="What was done, or why it is over.")
@@ -20,8 +23,6 @@ class RunCheckForm(forms.Form):
     check = forms.ChoiceField()
 
     def __init__(self, *args, cluster, **kwargs):
-        from .checks import CHECKS
-
         super().__init__(*args, **kwargs)
         self.cluster = cluster
         self.fields["check"].choices = [
@@ -37,9 +38,6 @@ class RunCheckForm(forms.Form):
         return node
 
     def checks_and_purpose(self):
-        from .checks import ACCEPTANCE_CHECKS
-        from .models import CheckRun
-
         if self.cleaned_data["check"] == ACCEPTANCE_BATTERY:
             return ACCEPTANCE_CHECKS, CheckRun.Purpose.ACCEPTANCE
         return (self.cleaned_data["check"],), CheckRun.Purpose.ON_DEMAND

@@ -1,31 +1,48 @@
-"""Reads of health events that other modules share (the node's facts, recommendations)."""
+"""The reads behind the Health checks tab and what other pages show of health: open events
+per signature, each node's worst open signal, a page of check runs."""
 
-from .choices import NODE_AFFECTING
-from .models import HealthEvent, Silence
+from django.core.paginator import Paginator
+from django.db.models import Case, Count, Max, Value, When
 
-
-def open_problem_events(node, now):
-    """The node's open warning/critical events, less signatures an operator silenced,
-    critical before warning, then oldest first."""
-    silenced = Silence.objects.active(now).filter(node=node).values("signature")
-    # "critical" sorts before "warning".
-    return list(
-        HealthEvent.objects.open()
-        .filter(node=node, severity__in=NODE_AFFECTING)
-        .exclude(signature__in=silenced)
-        .select_related("gpu")
-        .order_by("severity", "first_seen", "id")
-    )
+from .choices import Severity
+from .models import HealthEvent
 
 
-def describe_open_problems(events):
-    """'xid:79 on GPU 3 (+1 more)' for a node's open warning/critical events, worst first."""
-    if not events:
-        return ""
-    worst = events[0]
-    text = worst.signature
-    if worst.gpu is not None:
-        text += f" on GPU {worst.gpu.index}"
-    if len(events) > 1:
-        text += f" (+{len(events) - 1} more)"
-    return text
+def open_events_by_signature(cluster):
+    """Per signature, the cluster's open events: how many, on how many nodes, and the worst
+    severity among them; worst first. One query."""
+    rank = Case(*[When(severity=s, then=Value(i)) for i, s in enumerate(Severity.values)])
+    rows = (HealthEvent.objects.open().filter(node__cluster=cluster).values("signature")
+            .annotate(events=Count("id"), nodes=Count("node", distinct=True), worst=Max(rank))
+            .order_by("-worst", "-events", "signature"))
+    return [{**row, "severity": Severity.values[row["worst"]]} for row in rows]
+
+
+SEVERITY_RANK = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
+
+
+def worst_open_signals(cluster, node_ids=None):
+    """{node id: "xid:79 on GPU 3"} for each node's worst open event (critical first, then
+    the oldest). One query, for the given nodes or the whole cluster."""
+    events = HealthEvent.objects.open().filter(node__cluster=cluster)
+    if node_ids is not None:
+        events = events.filter(node_id__in=node_ids)
+    worst = {}
+    for node_id, signature, severity, gpu_index in events.order_by("first_seen", "id").values_list(
+            "node_id", "signature", "severity", "gpu__index"):
+        rank = SEVERITY_RANK.get(severity, 3)
+        if node_id not in worst or rank < worst[node_id][0]:
+            text = signature if gpu_index is None else f"{signature} on GPU {gpu_index}"
+            worst[node_id] = (rank, text)
+    return {node_id: text for node_id, (rank, text) in worst.items()}
+
+
+RUNS_PAGE_SIZE = 50
+
+
+def check_runs_context(cluster, runs, params, page_number=None, node=None):
+    """The check-run table's context: a page of `runs`, and the query it re-fetches itself
+    with when the live socket says a check run changed ("check.changed")."""
+    page = Paginator(runs, RUNS_PAGE_SIZE).get_page(page_number)
+    return {"cluster": cluster, "runs_page": page, "runs_node": node,
+            "runs_refresh_query": params.urlencode()}

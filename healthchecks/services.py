@@ -17,7 +17,33 @@ from nodes.states import refresh_node_state
 from .checks import ACCEPTANCE_CHECKS, AFTER_REBOOT_CHECKS, CHECKS, params_for
 from .choices import NODE_AFFECTING, Severity, Source
 from .models import CheckRun, HealthEvent, Silence
-from .queries import describe_open_problems, open_problem_events
+
+
+def open_problem_events(node, now):
+    """The node's open warning/critical events, less signatures an operator silenced,
+    critical before warning, then oldest first."""
+    silenced = Silence.objects.active(now).filter(node=node).values("signature")
+    # "critical" sorts before "warning".
+    return list(
+        HealthEvent.objects.open()
+        .filter(node=node, severity__in=NODE_AFFECTING)
+        .exclude(signature__in=silenced)
+        .select_related("gpu")
+        .order_by("severity", "first_seen", "id")
+    )
+
+
+def describe_open_problems(events):
+    """'xid:79 on GPU 3 (+1 more)' for a node's open warning/critical events, worst first."""
+    if not events:
+        return ""
+    worst = events[0]
+    text = worst.signature
+    if worst.gpu is not None:
+        text += f" on GPU {worst.gpu.index}"
+    if len(events) > 1:
+        text += f" (+{len(events) - 1} more)"
+    return text
 
 
 def announce_health_change(event):

@@ -1,19 +1,18 @@
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db.models import Case, Count, Max, Value, When
 from django.http import QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from clusterui.queries import get_cluster_for_user
 from clusterui.roles import Role, require_role
-from clusterui.views import get_cluster_for_user
 
 from .catalog import catalog
-from .choices import Severity
 from .filters import CheckRunFilter, HealthEventFilter
 from .forms import ResolveForm, RunCheckForm, SilenceForm
 from .models import CheckRun, HealthEvent
+from .queries import check_runs_context, open_events_by_signature
 from .services import (
     do_acknowledge_event,
     do_request_checks,
@@ -28,16 +27,6 @@ def get_event_for_user(request, slug, public_id):
     cluster = get_cluster_for_user(request, slug)
     return get_object_or_404(HealthEvent.objects.select_related("node__cluster", "gpu"),
                              node__cluster=cluster, public_id=public_id)
-
-
-def open_events_by_signature(cluster):
-    """Per signature, the cluster's open events: how many, on how many nodes, and the worst
-    severity among them; worst first. One query."""
-    rank = Case(*[When(severity=s, then=Value(i)) for i, s in enumerate(Severity.values)])
-    rows = (HealthEvent.objects.open().filter(node__cluster=cluster).values("signature")
-            .annotate(events=Count("id"), nodes=Count("node", distinct=True), worst=Max(rank))
-            .order_by("-worst", "-events", "signature"))
-    return [{**row, "severity": Severity.values[row["worst"]]} for row in rows]
 
 
 @require_GET
@@ -101,17 +90,6 @@ def event_silence(request, slug, public_id):
         messages.success(request, f"{event.signature} silenced on {event.node.name} for "
                                   f"{form.cleaned_data['hours']:g} h.")
     return _event_row_or_back(request, event)
-
-
-RUNS_PAGE_SIZE = 50
-
-
-def check_runs_context(cluster, runs, params, page_number=None, node=None):
-    """The check-run table's context: a page of `runs`, and the query it re-fetches itself
-    with when the live socket says a check run changed ("check.changed")."""
-    page = Paginator(runs, RUNS_PAGE_SIZE).get_page(page_number)
-    return {"cluster": cluster, "runs_page": page, "runs_node": node,
-            "runs_refresh_query": params.urlencode()}
 
 
 @require_GET

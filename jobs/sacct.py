@@ -11,8 +11,8 @@ import subprocess
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from repairs.executors import ExecutorError
-from repairs.executors.slurm import gpus_from_tres
+from schedulers import ExecutorError
+from schedulers.slurm import gpus_from_tres
 
 SACCT_FIELDS = ("JobID", "JobName", "User", "Account", "Partition", "NodeList", "AllocTRES",
                 "Start", "End", "State", "ExitCode", "Elapsed")

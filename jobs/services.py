@@ -18,8 +18,8 @@ from django.db import transaction
 from django.db.models import Min, Q
 from django.utils import timezone
 
-from repairs.executors import ExecutorError
-from repairs.models import RepairSettings
+from clusterui.models import Cluster
+from schedulers import ExecutorError
 
 from .models import ImportCursor, Job, JobNode
 from .sacct import parse_sacct, run_sacct
@@ -40,9 +40,8 @@ class ImportResult:
 
 
 def slurm_clusters():
-    """Clusters whose scheduler is Slurm, with the slurm.conf the console uses for each."""
-    return RepairSettings.objects.filter(
-        scheduler=RepairSettings.Scheduler.SLURM).select_related("cluster")
+    """Clusters whose scheduler is Slurm (each with the slurm.conf the console uses)."""
+    return Cluster.objects.filter(scheduler=Cluster.Scheduler.SLURM)
 
 
 def import_window(cluster, cursor, now):
@@ -117,5 +116,5 @@ def store_jobs(cluster, sacct_jobs, now):
 
 def import_all_clusters():
     """Import every Slurm cluster's jobs; {slug: ImportResult}."""
-    return {rs.cluster.slug: do_import_jobs(rs.cluster, slurm_conf=rs.scheduler_config or None)
-            for rs in slurm_clusters()}
+    return {cluster.slug: do_import_jobs(cluster, slurm_conf=cluster.scheduler_config or None)
+            for cluster in slurm_clusters()}

@@ -1,15 +1,14 @@
-import csv
 import json
 from datetime import timedelta
 
 from django.core.paginator import Paginator
-from django.http import HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from clusterui.queries import get_cluster_for_user
 from clusterui.roles import Role, require_role
-from clusterui.views import get_cluster_for_user
+from common.exports import csv_response, invalid_filters_response
 
 from .accounting import cost, gpu_seconds_in_period, overlapping, usage_by_user_and_account
 from .forms import JobFilterForm
@@ -78,26 +77,16 @@ def job_csv(request, slug):
     cluster = get_cluster_for_user(request, slug)
     form, jobs, period_start, period_end, now = filtered_jobs(cluster, request)
     if not form.is_valid():
-        return HttpResponse("Invalid filters: " + form.errors.as_text(), status=400,
-                            content_type="text/plain; charset=utf-8")
+        return invalid_filters_response(form.errors)
     rate = cluster.billing_rate_per_gpu_hour
-    response = HttpResponse(content_type="text/csv; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{cluster.slug}-jobs.csv"'
-    writer = csv.writer(response)
-    writer.writerow(CSV_COLUMNS)
-    for job in jobs.order_by("start", "id").iterator(chunk_size=500):
+
+    def row(job):
         seconds = gpu_seconds_in_period(job.gpus, job.start, job.end, period_start,
                                         period_end, now)
-        writer.writerow([
-            job.job_id, job.name, job.user, job.account, job.partition, job.node_list,
-            job.gpus, job.start.isoformat() if job.start else "",
-            job.end.isoformat() if job.end else "", job.state, job.exit_code, job.elapsed_s,
-            f"{seconds / 3600:.4f}", cost(seconds, rate),
-        ])
-    return response
+        return [job.job_id, job.name, job.user, job.account, job.partition, job.node_list,
+                job.gpus, job.start.isoformat() if job.start else "",
+                job.end.isoformat() if job.end else "", job.state, job.exit_code, job.elapsed_s,
+                f"{seconds / 3600:.4f}", cost(seconds, rate)]
 
-
-def node_jobs_context(node, limit=20):
-    """The node page's latest jobs that ran on the node."""
-    return {"node_jobs": Job.objects.filter(cluster=node.cluster, job_nodes__node_name=node.name)
-            .order_by("-start", "-id")[:limit]}
+    return csv_response(f"{cluster.slug}-jobs.csv", CSV_COLUMNS,
+                        (row(job) for job in jobs.order_by("start", "id").iterator(chunk_size=500)))

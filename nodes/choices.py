@@ -28,3 +28,11 @@ DISPLAY_ORDER = [
     NodeState.PENDING,
     NodeState.PAUSED,
 ]
+
+
+class NodeRole(models.TextChoices):
+    """What a node is for; it picks its startup scripts (startup/)."""
+
+    WORKER = "worker", "worker"
+    LOGIN = "login", "login"
+    CONTROLLER = "controller", "controller"

@@ -3,9 +3,8 @@ from django.db.models import Exists, OuterRef, Q
 
 from healthchecks.models import HealthEvent
 
-from .choices import NodeState
+from .choices import NodeRole, NodeState
 from .models import Node
-from .script_models import NodeRole
 
 # Sorts done by the database; "util" and "temp" sort by the live store's numbers (views.py).
 DB_SORTS = {

@@ -1,6 +1,10 @@
 from django import forms
 
-from .script_models import NodeRole
+from healthchecks.checks import ACCEPTANCE_CHECKS
+from healthchecks.forms import ACCEPTANCE_BATTERY, RunCheckForm
+from healthchecks.models import CheckRun
+
+from .choices import NodeRole
 
 ROLE_ERRORS = {"required": "Pick a role.",
                "invalid_choice": "%(value)s is not a role: pick worker, login or controller."}
@@ -38,17 +42,11 @@ class BulkCheckForm(BulkNodesForm):
     check = forms.ChoiceField()
 
     def __init__(self, *args, **kwargs):
-        from healthchecks.forms import RunCheckForm
-
         super().__init__(*args, **kwargs)
         # The same choices as a single node's "run a check" (the acceptance battery included).
         self.fields["check"].choices = RunCheckForm(cluster=None).fields["check"].choices
 
     def checks_and_purpose(self):
-        from healthchecks.checks import ACCEPTANCE_CHECKS
-        from healthchecks.forms import ACCEPTANCE_BATTERY
-        from healthchecks.models import CheckRun
-
         if self.cleaned_data["check"] == ACCEPTANCE_BATTERY:
             return ACCEPTANCE_CHECKS, CheckRun.Purpose.ACCEPTANCE
         return (self.cleaned_data["check"],), CheckRun.Purpose.ON_DEMAND

@@ -21,6 +21,7 @@ from healthchecks.services import (
     do_record_health_event,
     start_checks_after_hello,
 )
+from startup.services import config_frame_for, do_hold_for_boot_scripts, do_record_script_run
 
 from . import agent_work
 from .models import AgentEventReceipt, AgentToken, Node
@@ -32,7 +33,6 @@ from .services import (
     do_register_node,
     find_usable_token,
 )
-from .scripts import config_frame_for, do_hold_for_boot_scripts, do_record_script_run
 from .states import note_on_timeline
 
 
@@ -181,6 +181,6 @@ def config_frame(node_id):
 
 
 def record_script_result(node_id, frame, now=None):
-    """Store a script_result frame (nodes.scripts.do_record_script_run)."""
+    """Store a script_result frame (startup.services.do_record_script_run)."""
     node = Node.objects.select_related("cluster").get(pk=node_id)
     return do_record_script_run(node, frame, now=now)

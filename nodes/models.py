@@ -7,8 +7,7 @@ from django.urls import reverse
 
 from clusterui.models import Cluster
 
-from .choices import STATE_COLOURS, NodeState
-from .script_models import NodeRole
+from .choices import STATE_COLOURS, NodeRole, NodeState
 
 node_name_validator = RegexValidator(
     r"^[A-Za-z0-9_.-]{1,63}$", "1-63 letters, digits, '-', '_' or '.'"
@@ -354,5 +353,3 @@ class PublisherStatus(models.Model):
     class Meta:
         verbose_name_plural = "publisher status"
 
-
-from .script_models import ScriptRun, StartupScript, StartupScriptVersion  # noqa: E402,F401

@@ -11,9 +11,9 @@ from clusterui.changes import Kind, record_change
 from clusterui.services import record_audit
 
 from . import agent_work
+from .choices import NodeRole
 from .inventory import hello_gpu
 from .models import AgentCommand, AgentToken, Gpu, Node
-from .script_models import NodeRole
 from .states import refresh_node_state
 
 

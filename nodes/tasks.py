@@ -1,13 +1,12 @@
 from celery import shared_task
 
-from . import agent_work, rollups, scripts, services, states
+from . import agent_work, rollups, services, states
 
 
 @shared_task
 def refresh_due_node_states():
-    """Beat, every 10 s: node states that change with time alone (a boot window ending,
-    boot scripts' results overdue)."""
-    return scripts.do_end_overdue_boot_holds() + states.refresh_due_node_states()
+    """Beat, every 10 s: node states that change with time alone (a boot window ending)."""
+    return states.refresh_due_node_states()
 
 
 @shared_task

@@ -5,27 +5,22 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_not_required
-from django.http import HttpResponse, JsonResponse, QueryDict
-from django.core.paginator import Paginator
-from django.db.models import Count, Q
 from django.db import transaction
-from django.shortcuts import get_object_or_404, redirect, render
+from django.http import HttpResponse, JsonResponse, QueryDict
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from clusterui.models import SSH_PLACEHOLDER
+from clusterui.queries import get_cluster_for_user
 from clusterui.roles import Role, require_role
-from clusterui.views import get_cluster_for_user
-from healthchecks.choices import Severity
 from healthchecks.forms import RunCheckForm
-from healthchecks.inventory import do_accept_gpu_inventory, review_gpu_inventory
-from healthchecks.models import HealthEvent
+from healthchecks.inventory import do_accept_gpu_inventory
+from healthchecks.queries import check_runs_context
 from healthchecks.services import do_request_checks
-from healthchecks.views import check_runs_context, open_events_by_signature
-from repairs.views import node_repairs_context
+from repairs.queries import node_repairs_context
 
-from .filters import DB_SORTS, LIVE_SORTS, SORT_CHOICES, NodeFilter
+from .choices import NodeRole
 from .forms import (
     BulkCheckForm,
     BulkNodesForm,
@@ -36,21 +31,21 @@ from .forms import (
 )
 from .live import get_live_store
 from .metrics import render_metrics
-from .models import Node, NodeRollup
 from .publisher import stale_after_s
-from .script_models import NodeRole
+from .queries import (
+    CHART_METRICS,
+    chart_series,
+    get_node_for_user,
+    gpu_inventory_context,
+    grafana_url,
+    node_list_context,
+    ssh_command,
+)
 from .services import (
     do_pause_node,
     do_resume_node,
     do_set_node_role,
 )
-
-NODES_PAGE_SIZE = 50
-
-
-def get_node_for_user(request, slug, name):
-    cluster = get_cluster_for_user(request, slug)
-    return get_object_or_404(Node.objects.select_related("cluster"), cluster=cluster, name=name)
 
 
 @require_GET
@@ -59,105 +54,6 @@ def node_list(request, slug):
     cluster = get_cluster_for_user(request, slug)
     context = {"cluster": cluster, "tab": "nodes", **node_list_context(cluster, request.GET)}
     return render(request, "nodes/list.html" + ("#node-table" if request.htmx else ""), context)
-
-
-def node_list_context(cluster, params):
-    """The Nodes tab's list or grid for `params` (filters, sort, view, page): its nodes with
-    their live numbers (one read of the live store) and worst open signal (one query)."""
-    nodes = Node.objects.filter(cluster=cluster).annotate(
-        gpu_count=Count("gpus", filter=Q(gpus__removed_at__isnull=True)))
-    node_filter = NodeFilter(params, queryset=nodes)
-    matching = node_filter.qs if node_filter.is_valid() else nodes.none()
-    view = "grid" if params.get("view") == "grid" else "list"
-    sort = params.get("sort") if params.get("sort") in dict(SORT_CHOICES) else "name"
-    live = live_numbers(cluster)
-    if view == "grid":
-        page = None
-        shown = list(matching.order_by("name").only("name", "state"))
-    elif sort in LIVE_SORTS:
-        page = _page_by_live_number(matching, live, sort, params.get("page"))
-        shown = page.object_list
-    else:
-        page = Paginator(matching.order_by(*DB_SORTS[sort]), NODES_PAGE_SIZE).get_page(
-            params.get("page"))
-        shown = page.object_list
-    signals = worst_open_signals(cluster, [node.pk for node in shown] if page else None)
-    for node in shown:
-        node.live = live.get(node.pk)
-        node.worst_signal = signals.get(node.pk, "")
-        # The grid tile's fill: utilization in tenths (class u0..u10; none without a sample).
-        util = node.live and node.live["util_mean"]
-        node.fill = None if util is None else min(10, max(0, round(util / 10)))
-    query = params.copy()
-    query.pop("page", None)
-    return {"filter": node_filter, "page": page, "nodes": shown, "view": view, "sort": sort,
-            "sort_choices": SORT_CHOICES, "list_query": query.urlencode(),
-            "bulk_checks": RunCheckForm(cluster=None).fields["check"].choices,
-            "node_roles": NodeRole.choices,
-            "open_signatures": [row["signature"] for row in open_events_by_signature(cluster)],
-            "filtered": any(params.get(key) for key in NodeFilter.base_filters)}
-
-
-def _page_by_live_number(matching, live, sort, page_number):
-    """A page of nodes sorted by a live number, highest first; nodes without one last."""
-    key = "util_mean" if sort == "util" else "temp_max"
-    ids = list(matching.order_by("name").values_list("pk", flat=True))
-    ids.sort(key=lambda pk: -(live.get(pk, {}).get(key) or -1))
-    page = Paginator(ids, NODES_PAGE_SIZE).get_page(page_number)
-    by_id = matching.in_bulk(page.object_list)
-    page.object_list = [by_id[pk] for pk in page.object_list]
-    return page
-
-
-def live_numbers(cluster, now_ts=None):
-    """{node id: its GPUs' numbers now} from one read of the live store; fresh samples only."""
-    now_ts = time.time() if now_ts is None else now_ts
-    stale = stale_after_s()
-    return {node_id: summarize_node_sample(entry)
-            for node_id, entry in get_live_store().read(cluster.pk).items()
-            if now_ts - entry["received_at"] <= stale}
-
-
-def summarize_node_sample(entry):
-    """Mean and max GPU utilization, GPU memory used, hottest GPU and total power of a sample."""
-    gpus = entry["gpus"]
-
-    def values(field):
-        return [gpu[field] for gpu in gpus if gpu.get(field) is not None]
-
-    utils, temps, power = values("util_pct"), values("temp_c"), values("power_w")
-    with_total = [gpu for gpu in gpus if gpu.get("mem_used_bytes") is not None
-                  and gpu.get("mem_total_bytes")]
-    used = sum(gpu["mem_used_bytes"] for gpu in with_total)
-    total = sum(gpu["mem_total_bytes"] for gpu in with_total)
-    return {
-        "util_mean": sum(utils) / len(utils) if utils else None,
-        "util_max": max(utils) if utils else None,
-        "mem_used_bytes": used if total else None,
-        "mem_total_bytes": total or None,
-        "mem_used_pct": 100.0 * used / total if total else None,
-        "temp_max": max(temps) if temps else None,
-        "power_w": sum(power) if power else None,
-    }
-
-
-SEVERITY_RANK = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
-
-
-def worst_open_signals(cluster, node_ids=None):
-    """{node id: "xid:79 on GPU 3"} for each node's worst open event (critical first, then
-    the oldest). One query, for the given nodes or the whole cluster."""
-    events = HealthEvent.objects.open().filter(node__cluster=cluster)
-    if node_ids is not None:
-        events = events.filter(node_id__in=node_ids)
-    worst = {}
-    for node_id, signature, severity, gpu_index in events.order_by("first_seen", "id").values_list(
-            "node_id", "signature", "severity", "gpu__index"):
-        rank = SEVERITY_RANK.get(severity, 3)
-        if node_id not in worst or rank < worst[node_id][0]:
-            text = signature if gpu_index is None else f"{signature} on GPU {gpu_index}"
-            worst[node_id] = (rank, text)
-    return {node_id: text for node_id, (rank, text) in worst.items()}
 
 
 @require_GET
@@ -186,7 +82,6 @@ def node_detail(request, slug, name):
 
 
 CHART_RANGES = {"hour": timedelta(hours=1), "day": timedelta(days=1)}
-CHART_METRICS = ("util_pct", "mem_used_bytes", "temp_c", "power_w")
 
 
 @require_GET
@@ -196,23 +91,6 @@ def node_charts(request, slug, name):
     node = get_node_for_user(request, slug, name)
     span = request.GET.get("range") if request.GET.get("range") in CHART_RANGES else "hour"
     return JsonResponse(chart_series(node, timezone.now() - CHART_RANGES[span]))
-
-
-def chart_series(node, since):
-    """{"gpus": [{index, uuid}], "minute": [...], "series": {uuid: {metric: [mean, ...]}}}:
-    one list per GPU and metric, aligned with "minute" (null where a minute lacks it)."""
-    gpus = list(node.gpus.in_inventory().values("index", "uuid"))
-    rows = list(NodeRollup.objects.filter(node=node, minute__gte=since).order_by("minute")
-                .values_list("minute", "gpus"))
-    series = {gpu["uuid"]: {metric: [] for metric in CHART_METRICS} for gpu in gpus}
-    for _, by_uuid in rows:
-        for uuid, metrics in series.items():
-            pairs = by_uuid.get(uuid) or {}
-            for metric, values in metrics.items():
-                mean = (pairs.get(metric) or [None])[0]
-                values.append(None if mean is None else round(mean, 1))
-    return {"gpus": gpus, "minute": [minute.isoformat() for minute, _ in rows],
-            "series": series}
 
 
 @require_GET
@@ -227,24 +105,6 @@ def node_live(request, slug, name):
     return JsonResponse({"at": entry["ts"], "gpus": {
         gpu["uuid"]: {metric: gpu.get(metric) for metric in CHART_METRICS}
         for gpu in entry["gpus"]}})
-
-
-def ssh_command(node, user):
-    """The cluster's SSH command template filled in for this node and the signed-in user.
-    Only the four placeholders are replaced (the template is validated to hold no other)."""
-    values = {"user": user.get_username(), "node": node.name,
-              "hostname": node.hostname or node.name, "login": node.cluster.ssh_login_host}
-    return SSH_PLACEHOLDER.sub(lambda match: values[match.group(1)],
-                               node.cluster.ssh_command_template)
-
-
-def gpu_inventory_context(node):
-    return {"gpus": node.gpus.in_inventory(), "inventory_review": review_gpu_inventory(node)}
-
-
-def grafana_url(node):
-    template = settings.CLUSTERUI_GRAFANA_NODE_URL
-    return template.format(node=node.name, cluster=node.cluster.slug) if template else ""
 
 
 @require_POST

@@ -1,6 +1,6 @@
 import django_filters
 
-from clusterui.timerange import (TimeRangeFilterForm, TimeRangeFilterMixin, period_filter,
+from common.timerange import (TimeRangeFilterForm, TimeRangeFilterMixin, period_filter,
                                  since_filter, until_filter)
 
 from .choices import FINISHED_STATUSES, Action, Status

@@ -3,8 +3,8 @@ import re
 from django import forms
 
 from .choices import Action
-from .executors.providers import ACTIONS as PROVIDER_ACTIONS
-from .executors.providers import validate_command_template
+from .providers import ACTIONS as PROVIDER_ACTIONS
+from .providers import validate_command_template
 from .models import RepairSettings
 
 
@@ -25,7 +25,7 @@ class RepairSettingsForm(forms.ModelForm):
 
     class Meta:
         model = RepairSettings
-        fields = ["scheduler", "scheduler_config", "provider", "blast_radius_pct",
+        fields = ["provider", "blast_radius_pct",
                   "drain_grace_s", "boot_timeout_s"]
         labels = {"blast_radius_pct": "Blast radius (% of the cluster's nodes)",
                   "drain_grace_s": "Drain grace (s)", "boot_timeout_s": "Boot timeout (s)"}

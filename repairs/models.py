@@ -9,28 +9,18 @@ from clusterui.models import Cluster
 from healthchecks.models import HealthEvent
 from nodes.models import Gpu, Node
 
-from .choices import STATUS_COLOURS, Action, Status, StepKind, StepStatus
+from .choices import OPEN_STATUSES, STATUS_COLOURS, Action, Status, StepKind, StepStatus
 
 
 class RepairSettings(models.Model):
-    """How repairs run on one cluster: what drains its nodes, what reprovisions them, and
-    how much of it may be out of service at once. Admins edit it."""
-
-    class Scheduler(models.TextChoices):
-        NONE = "none", "none (nothing to drain)"
-        SLURM = "slurm", "Slurm"
-        KUBERNETES = "kubernetes", "Kubernetes"
+    """How repairs run on one cluster: what reprovisions its nodes, and how much of it may
+    be out of service at once (what drains them is the cluster's scheduler). Admins edit it."""
 
     class Provider(models.TextChoices):
         SIMULATED = "simulated", "simulated (the demo fleet)"
         COMMAND = "command", "shell commands"
 
     cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, related_name="repair_settings")
-    scheduler = models.CharField(max_length=16, choices=Scheduler.choices, default=Scheduler.NONE)
-    scheduler_config = models.CharField(
-        max_length=255, blank=True,
-        help_text="Slurm: the slurm.conf the console's scontrol uses (empty: the default). "
-                  "Kubernetes: a kubeconfig path (empty: in-cluster credentials).")
     provider = models.CharField(max_length=16, choices=Provider.choices, default=Provider.COMMAND)
     provider_commands = models.JSONField(
         default=dict, blank=True,
@@ -74,8 +64,6 @@ class RepairPolicy(models.Model):
 
 class RepairQuerySet(models.QuerySet):
     def open(self):
-        from .choices import OPEN_STATUSES
-
         return self.filter(status__in=OPEN_STATUSES)
 
 

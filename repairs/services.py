@@ -14,7 +14,7 @@ from clusterui.changes import Kind, read_changes
 from clusterui.services import record_audit
 from healthchecks.choices import NODE_AFFECTING
 from healthchecks.models import HealthEvent
-from healthchecks.queries import open_problem_events
+from healthchecks.services import open_problem_events
 from nodes.choices import NodeState
 from nodes.models import Node
 
@@ -299,7 +299,7 @@ def due_steps(now=None):
 
 # Settings and policy: admins' changes, each audited.
 
-SETTINGS_FIELDS = ("scheduler", "scheduler_config", "provider", "provider_commands",
+SETTINGS_FIELDS = ("provider", "provider_commands",
                    "blast_radius_pct", "drain_grace_s", "boot_timeout_s")
 
 

@@ -21,10 +21,12 @@ from healthchecks.services import do_request_checks
 from nodes.models import AgentCommand
 from nodes.services import do_pause_node, do_send_command
 
+from schedulers import ExecutorError, RetryLater, scheduler_for
+
 from .choices import Action, Status, StepKind, StepStatus
-from .executors import ExecutorError, NoScheduler, RetryLater
 from .live import announce_repair_change
 from .models import Repair, RepairSettings, RepairStep
+from .providers import CommandProvider, SimulatedProvider
 from .services import DUE_EARLY, due_steps, enqueue_step, settings_for
 from .transitions import transition
 
@@ -58,27 +60,10 @@ def drain_reason(repair):
     return f"clusterui repair #{repair.pk}"
 
 
-def scheduler_for(cluster):
-    settings = settings_for(cluster)
-    if settings.scheduler == RepairSettings.Scheduler.SLURM:
-        from .executors.slurm import SlurmScheduler
-
-        return SlurmScheduler(slurm_conf=settings.scheduler_config or None)
-    if settings.scheduler == RepairSettings.Scheduler.KUBERNETES:
-        from .executors.kubernetes import KubernetesScheduler, from_kubeconfig
-
-        return KubernetesScheduler(from_kubeconfig(settings.scheduler_config or None))
-    return NoScheduler()
-
-
 def provider_for(cluster):
     settings = settings_for(cluster)
     if settings.provider == RepairSettings.Provider.SIMULATED:
-        from .executors.providers import SimulatedProvider
-
         return SimulatedProvider(reboot_node=lambda name: send_reboot(cluster.nodes.get(name=name)))
-    from .executors.providers import CommandProvider
-
     hostnames = dict(cluster.nodes.values_list("name", "hostname"))
     return CommandProvider(settings.provider_commands, timeout_s=PROVIDER_TIMEOUT_S,
                            cluster=cluster.slug,

@@ -5,35 +5,40 @@ action gets the repair's block back (and "repair-changed", so the page's other s
 follow); a plain form is sent back to where it came from.
 """
 
-import csv
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import F, Prefetch, Window
-from django.db.models.functions import RowNumber
-from django.http import HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import trigger_client_event
 
+from clusterui.queries import get_cluster_for_user
 from clusterui.roles import Role, has_role, require_role
-from clusterui.views import get_cluster_for_user
+from common.exports import csv_response, invalid_filters_response
 from healthchecks.catalog import catalog, policy_for
 from healthchecks.checks import CHECKS
-from healthchecks.models import HealthEvent
-from nodes.models import Node
+from nodes.queries import get_node_for_user
 
-from .choices import ACTION_EXPLANATIONS, FINISHED_STATUSES, OPEN_STATUSES, Action, Status
-from .executors import ExecutorError, NoScheduler
-from .executors.providers import ACTIONS as PROVIDER_ACTIONS
+from .choices import OPEN_STATUSES, Action, Status
+from .providers import ACTIONS as PROVIDER_ACTIONS
 from .filters import RepairHistoryFilter
 from .forms import CommentForm, ProposeRepairForm, RepairPolicyForm, RepairSettingsForm
 from .models import Repair, RepairPolicy
 from .policy import DEFAULT_ACTIONS, THROTTLE_PERSISTS, THROTTLE_SIGNATURES, default_action
+from .queries import (
+    RepairCard,
+    finished_repairs,
+    get_repair_for_user,
+    node_histories,
+    node_repairs_context,
+    proposed_jobs,
+    repair_cards,
+    with_card_data,
+)
 from .services import (
     RepairRefused,
     do_approve_repair,
@@ -44,127 +49,9 @@ from .services import (
     do_update_repair_settings,
     settings_for,
 )
-from .steps import scheduler_for
 from .transitions import Conflict, InvalidTransition
 
 HISTORY_PAGE_SIZE = 50
-NODE_HISTORY_LIMIT = 5  # a recommendation shows this many of its node's earlier repairs
-NODE_PAGE_HISTORY_LIMIT = 20
-
-
-def get_repair_for_user(request, slug, public_id):
-    cluster = get_cluster_for_user(request, slug)
-    return get_object_or_404(with_card_data(Repair.objects.all()), cluster=cluster,
-                             public_id=public_id)
-
-
-def get_node_for_user(request, slug, name):
-    cluster = get_cluster_for_user(request, slug)
-    return get_object_or_404(Node.objects.select_related("cluster"), cluster=cluster, name=name)
-
-
-def with_card_data(repairs):
-    """What a repair's block shows, fetched with it: a fixed number of queries for any
-    number of repairs."""
-    return repairs.select_related(
-        "cluster", "node", "gpu", "requested_by", "reviewed_by",
-    ).prefetch_related(
-        Prefetch("events", queryset=HealthEvent.objects.select_related("gpu").order_by(
-            "-last_seen", "-id")),
-        "steps",
-    )
-
-
-# What a repair's block shows besides the repair itself.
-
-
-@dataclass(frozen=True)
-class JobsAtRisk:
-    """What the cluster's scheduler says runs on a node: the jobs a repair would hit."""
-
-    jobs: tuple = ()
-    scheduler: str = ""  # its name; "" when the cluster has none configured
-    error: str = ""  # why it did not answer
-
-    @property
-    def rows(self):
-        return [(job, run_time_text(job.run_time_s)) for job in self.jobs]
-
-
-def run_time_text(seconds):
-    if seconds is None:
-        return "–"
-    if seconds < 60:
-        return f"{seconds} s"
-    hours, minutes = divmod(seconds // 60, 60)
-    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min"
-
-
-@dataclass(frozen=True)
-class RepairCard:
-    repair: Repair
-    jobs: JobsAtRisk | None = None  # asked for proposed repairs only
-    history: list | None = None  # the node's earlier repairs, newest first; None: not shown
-
-    @property
-    def action_explanation(self):
-        return ACTION_EXPLANATIONS[self.repair.action]
-
-
-def jobs_at_risk(cluster, nodes):
-    """{node id: JobsAtRisk}. A scheduler that did not answer for one node is not asked
-    again for the next: each question would wait out its own time limit."""
-    try:
-        scheduler = scheduler_for(cluster)
-    except ExecutorError as error:
-        return {node.pk: JobsAtRisk(error=str(error)) for node in nodes}
-    if isinstance(scheduler, NoScheduler):
-        return {node.pk: JobsAtRisk() for node in nodes}
-    found, error = {}, ""
-    for node in nodes:
-        if not error:
-            try:
-                found[node.pk] = JobsAtRisk(tuple(scheduler.running_jobs(node.name)),
-                                            scheduler.name)
-                continue
-            except ExecutorError as exc:
-                error = str(exc)
-        found[node.pk] = JobsAtRisk(scheduler=scheduler.name, error=error)
-    return found
-
-
-def proposed_jobs(repair):
-    """The jobs a proposed repair would hit; None once it is past approval."""
-    if repair.status != Status.PROPOSED:
-        return None
-    return jobs_at_risk(repair.cluster, [repair.node])[repair.node_id]
-
-
-def node_histories(node_ids, exclude_ids, limit=NODE_HISTORY_LIMIT):
-    """{node id: [its latest `limit` repairs, newest first]}, in one query."""
-    if not node_ids:
-        return {}
-    newest_first = [F("requested_at").desc(), F("id").desc()]
-    rows = (Repair.objects.filter(node_id__in=node_ids).exclude(pk__in=exclude_ids)
-            .annotate(nth=Window(RowNumber(), partition_by=[F("node_id")], order_by=newest_first))
-            .filter(nth__lte=limit).select_related("cluster").order_by("node_id", *newest_first))
-    histories = {}
-    for repair in rows:
-        histories.setdefault(repair.node_id, []).append(repair)
-    return histories
-
-
-def repair_cards(repairs):
-    """Cards for repairs fetched through with_card_data(); proposed ones bring the jobs on
-    their nodes and their nodes' earlier repairs."""
-    repairs = list(repairs)
-    proposed = [r for r in repairs if r.status == Status.PROPOSED]
-    if not proposed:
-        return [RepairCard(r) for r in repairs]
-    jobs = jobs_at_risk(proposed[0].cluster, [r.node for r in proposed])
-    histories = node_histories([r.node_id for r in proposed], [r.pk for r in repairs])
-    return [RepairCard(r, jobs[r.node_id], histories.get(r.node_id, []))
-            if r.status == Status.PROPOSED else RepairCard(r) for r in repairs]
 
 
 # The Repair tab.
@@ -184,12 +71,6 @@ def tab_context(request, cluster):
         "history": Paginator(matching, HISTORY_PAGE_SIZE).get_page(request.GET.get("page")),
         "xids": catalog(), "back_url": request.htmx.current_url_abs_path,
     }
-
-
-def finished_repairs(cluster):
-    return (Repair.objects.filter(cluster=cluster, status__in=FINISHED_STATUSES)
-            .select_related("cluster", "node", "gpu", "requested_by", "reviewed_by")
-            .order_by(F("finished_at").desc(nulls_last=True), "-requested_at", "-id"))
 
 
 @require_GET
@@ -228,15 +109,9 @@ def history_csv(request, slug):
     cluster = get_cluster_for_user(request, slug)
     history_filter = RepairHistoryFilter(request.GET, queryset=finished_repairs(cluster))
     if not history_filter.is_valid():
-        return HttpResponse("Invalid filters: " + history_filter.errors.as_text(), status=400,
-                            content_type="text/plain; charset=utf-8")
-    response = HttpResponse(content_type="text/csv; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{cluster.slug}-repairs.csv"'
-    writer = csv.writer(response)
-    writer.writerow(CSV_COLUMNS)
-    for repair in history_filter.qs.iterator(chunk_size=500):
-        writer.writerow(csv_row(repair))
-    return response
+        return invalid_filters_response(history_filter.errors)
+    return csv_response(f"{cluster.slug}-repairs.csv", CSV_COLUMNS,
+                        (csv_row(repair) for repair in history_filter.qs.iterator(chunk_size=500)))
 
 
 # One repair.
@@ -334,17 +209,6 @@ def repair_cancel(request, slug, public_id):
 
 
 # The node page's Repair section.
-
-
-def node_repairs_context(node):
-    """The context of templates/repairs/_node_repairs.html (node page: nodes.views)."""
-    open_repair = with_card_data(node.repairs.open()).first()
-    card = None if open_repair is None else RepairCard(open_repair, proposed_jobs(open_repair))
-    history = (node.repairs.filter(status__in=FINISHED_STATUSES)
-               .select_related("cluster", "requested_by", "reviewed_by")
-               [:NODE_PAGE_HISTORY_LIMIT])
-    return {"node_repair": card, "node_repair_history": history,
-            "propose_form": ProposeRepairForm(), "xids": catalog()}
 
 
 @require_GET

@@ -14,6 +14,7 @@ from decimal import ROUND_HALF_UP, Decimal
 import pytest
 from django.urls import reverse
 
+from clusterui.models import Cluster
 from clusterui.roles import Role
 from clusterui.tests.factories import ClusterFactory, UserFactory
 from jobs.models import ImportCursor, Job, JobNode
@@ -89,8 +90,8 @@ def stored_jobs(cluster):
 
 def test_imports_survive_restarts_and_the_page_matches_sacct(slurm, processes, client):
     cluster = ClusterFactory(name="int-jobs", slug="int-jobs", billing_rate_per_gpu_hour=RATE)
-    RepairSettings.objects.create(cluster=cluster, scheduler="slurm",
-                                  scheduler_config=str(slurm.slurm_conf))
+    Cluster.objects.filter(pk=cluster.pk).update(scheduler="slurm",
+                                                 scheduler_config=str(slurm.slurm_conf))
     slurm.add_user("jobsalice", "research")
     slurm.add_user("jobsbob", "vision")
     # Jobs of earlier tests have ended by now; the period starts after them.

@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from clusterui.models import Cluster
 from clusterui.roles import Role
 from clusterui.tests.factories import ClusterFactory, UserFactory
 from nodes.choices import NodeState
@@ -116,9 +117,9 @@ def deploy(stack, slurm, scontrol, node_name="gpu-001", **worker_env):
     """A cluster repaired through Slurm and the simulated provider, daphne, the agent of
     `node_name`, a worker (with the counting scontrol) and beat. (node, agent, worker)."""
     cluster = ClusterFactory(name="int-reliable", slug="int-reliable")
-    RepairSettings.objects.create(cluster=cluster, scheduler="slurm",
-                                  scheduler_config=str(slurm.slurm_conf), drain_grace_s=5,
-                                  provider="simulated")
+    Cluster.objects.filter(pk=cluster.pk).update(scheduler="slurm",
+                                                 scheduler_config=str(slurm.slurm_conf))
+    RepairSettings.objects.create(cluster=cluster, drain_grace_s=5, provider="simulated")
     _, join_token = do_issue_join_token(cluster)
     server = stack.daphne()
     stack.celery("beat", "-s", stack.directory / "beat-schedule", "--max-interval", "1")

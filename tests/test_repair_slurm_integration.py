@@ -12,13 +12,14 @@ import time
 
 import pytest
 
+from clusterui.models import Cluster
 from clusterui.roles import Role
 from clusterui.tests.factories import ClusterFactory, UserFactory
 from nodes.choices import NodeState
 from nodes.models import AgentCommand, Node
 from nodes.services import do_issue_join_token
 from repairs.choices import Status, StepStatus
-from repairs.executors.slurm import parse_node_line
+from schedulers.slurm import parse_node_line
 from repairs.models import Repair, RepairSettings
 from repairs.services import do_approve_repair, do_propose_repair
 
@@ -60,9 +61,9 @@ def accounting_records(slurm, job_id):
 
 def test_a_reboot_drains_requeues_the_running_job_reboots_and_resumes_in_slurm(stack, slurm):
     cluster = ClusterFactory(name="int-slurm-repair", slug="int-slurm-repair")
-    RepairSettings.objects.create(cluster=cluster, scheduler="slurm",
-                                  scheduler_config=str(slurm.slurm_conf),
-                                  drain_grace_s=GRACE_S, provider="simulated")
+    Cluster.objects.filter(pk=cluster.pk).update(scheduler="slurm",
+                                                 scheduler_config=str(slurm.slurm_conf))
+    RepairSettings.objects.create(cluster=cluster, drain_grace_s=GRACE_S, provider="simulated")
     _, join_token = do_issue_join_token(cluster)
     server = stack.daphne()
     worker = stack.celery("worker", "--concurrency=1", "-P", "solo", "--without-heartbeat",

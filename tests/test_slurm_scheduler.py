@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from repairs.executors import ExecutorError, SchedulerNode
-from repairs.executors.slurm import SlurmScheduler
+from schedulers import ExecutorError, SchedulerNode
+from schedulers.slurm import SlurmScheduler
 
 from .slurm import wait_for
 

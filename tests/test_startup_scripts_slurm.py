@@ -16,8 +16,9 @@ from django.test import Client
 from clusterui.roles import Role
 from clusterui.tests.factories import ClusterFactory, UserFactory
 from nodes.choices import NodeState
-from nodes.models import Node, ScriptRun
-from nodes.scripts import do_save_startup_script, validate_body
+from nodes.models import Node
+from startup.models import ScriptRun
+from startup.services import do_save_startup_script, validate_body
 from nodes.services import do_issue_join_token
 
 from .browser import REPO_ROOT

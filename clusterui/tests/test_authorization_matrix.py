@@ -23,11 +23,11 @@ from django.shortcuts import resolve_url
 from django.test import Client
 from django.urls import URLResolver, get_resolver, reverse
 
-from clusterui.models import KubernetesAccess
+from clusterui.models import Cluster, KubernetesAccess
 from clusterui.roles import Role
 from clusterui.tests.factories import UserFactory
 from healthchecks.services import do_record_health_event
-from nodes.scripts import Validation, do_save_startup_script
+from startup.services import Validation, do_save_startup_script
 from nodes.services import do_issue_join_token
 from nodes.tests.factories import GpuFactory, NodeFactory
 from repairs.models import RepairSettings
@@ -90,13 +90,14 @@ TABLE = {
     "clusterui:cluster_create": Row(
         get=needs(ADMINISTER, 200), post=needs(ADMINISTER, 302),
         data={"slug": "dev-l40s", "name": "dev-l40s", "gpus_per_node": 4,
-              "billing_rate_per_gpu_hour": "1.5"}),
+              "billing_rate_per_gpu_hour": "1.5", "scheduler": "none"}),
     "clusterui:audit": Row(get=needs(ADMINISTER, 200), post=not_allowed()),
     "clusterui:audit_csv": Row(get=needs(ADMINISTER, 200), post=not_allowed()),
     "clusterui:overview": Row(get=needs(VIEW, 200), post=not_allowed()),
     "clusterui:cluster_settings": Row(
         get=needs(VIEW, 200), post=needs(ADMINISTER, 302),
-        data={"name": "prod-h200", "gpus_per_node": 8, "billing_rate_per_gpu_hour": "2.5"}),
+        data={"name": "prod-h200", "gpus_per_node": 8, "billing_rate_per_gpu_hour": "2.5",
+              "scheduler": "none"}),
     "clusterui:join_token_create": Row(get=not_allowed(), post=needs(ADMINISTER, 200),
                                        data={"note": "rack 12"}),
     "clusterui:join_token_revoke": Row(get=not_allowed(), post=needs(ADMINISTER, 302),
@@ -125,12 +126,12 @@ TABLE = {
                           data={"role": "login"}),
     "nodes:bulk_set_role": Row(get=not_allowed(), post=needs(ADMINISTER, 302),
                                data={"nodes": ["gpu-0001"], "role": "login"}),
-    # startup scripts (nodes/script_views.py)
-    "scripts:list": Row(get=needs(VIEW, 200), post=not_allowed()),
-    "scripts:edit": Row(get=needs(VIEW, 200), post=needs(ADMINISTER, 302),
+    # startup scripts (startup/views.py)
+    "startup:list": Row(get=needs(VIEW, 200), post=not_allowed()),
+    "startup:edit": Row(get=needs(VIEW, 200), post=needs(ADMINISTER, 302),
                         data={"body": "#!/bin/bash\necho ready\n", "timeout_s": 60}),
-    "scripts:versions": Row(get=needs(VIEW, 200), post=not_allowed()),
-    "scripts:roll_back": Row(get=not_allowed(), post=needs(ADMINISTER, 302)),
+    "startup:versions": Row(get=needs(VIEW, 200), post=not_allowed()),
+    "startup:roll_back": Row(get=not_allowed(), post=needs(ADMINISTER, 302)),
     # healthchecks
     "healthchecks:list": Row(get=needs(VIEW, 200), post=not_allowed()),
     "healthchecks:runs": Row(get=needs(VIEW, 200), post=not_allowed()),
@@ -147,7 +148,7 @@ TABLE = {
     "repairs:history_csv": Row(get=needs(VIEW, 200), post=not_allowed()),
     "repairs:settings": Row(
         get=needs(VIEW, 200), post=needs(ADMINISTER, 302),
-        data={"scheduler": "none", "provider": "simulated", "blast_radius_pct": 20,
+        data={"provider": "simulated", "blast_radius_pct": 20,
               "drain_grace_s": 600, "boot_timeout_s": 1800}),
     "repairs:policy": Row(get=not_allowed(), post=needs(ADMINISTER, 302),
                           data={"signature": "xid:79", "action": "reboot"}),
@@ -233,7 +234,8 @@ def world(cluster, settings):
     settings.CLUSTERUI_OIDC_CLIENT_ID = "clusterui"
     settings.CLUSTERUI_OIDC_GROUPS_CLAIM = "groups"
     settings.CLUSTERUI_OIDC_ROLE_GROUPS = {"gpu-admins": "admin", "gpu-viewers": "viewer"}
-    RepairSettings.objects.create(cluster=cluster, scheduler=RepairSettings.Scheduler.KUBERNETES)
+    Cluster.objects.filter(pk=cluster.pk).update(scheduler="kubernetes")
+    cluster.refresh_from_db()
     KubernetesAccess.objects.create(cluster=cluster, api_server_url="https://k8s.example.com:6443",
                                     oidc_client_id="kubectl")
     node = NodeFactory(cluster=cluster, name="gpu-0001")

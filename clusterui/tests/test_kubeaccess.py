@@ -13,7 +13,7 @@ from kubernetes.config.exec_provider import ExecProvider
 from kubernetes.config.kube_config import KubeConfigLoader
 
 from clusterui import kubeaccess
-from clusterui.models import AuditEntry, KubernetesAccess
+from clusterui.models import AuditEntry, Cluster, KubernetesAccess
 from clusterui.tests.factories import ClusterFactory
 from repairs.models import RepairSettings
 
@@ -42,9 +42,7 @@ def oidc_settings(settings):
 
 @pytest.fixture
 def k8s_cluster(db):
-    cluster = ClusterFactory(name="k8s-h200", slug="k8s-h200")
-    RepairSettings.objects.create(cluster=cluster, scheduler=RepairSettings.Scheduler.KUBERNETES)
-    return cluster
+    return ClusterFactory(name="k8s-h200", slug="k8s-h200", scheduler="kubernetes")
 
 
 @pytest.fixture
@@ -145,7 +143,7 @@ def test_an_outsider_is_refused(client_for, outsider, access):
 
 def test_a_cluster_that_is_not_kubernetes_gets_a_page_that_says_so(client_for, viewer,
                                                                      cluster):
-    RepairSettings.objects.create(cluster=cluster, scheduler=RepairSettings.Scheduler.SLURM)
+    Cluster.objects.filter(pk=cluster.pk).update(scheduler="slurm")
     response = client_for(viewer).get(page_url(cluster))
     assert response.status_code == 200
     assert "is not a Kubernetes cluster" in response.text
@@ -266,8 +264,7 @@ def test_the_form_starts_from_the_console_kubeconfig(client_for, admin, k8s_clus
         "contexts": [{"name": "repairs", "context": {"cluster": "prod", "user": "sa"}}],
         "users": [{"name": "sa", "user": {"token": "console-sa-token"}}],
     }))
-    RepairSettings.objects.filter(cluster=k8s_cluster).update(
-        scheduler_config=str(console_kubeconfig))
+    Cluster.objects.filter(pk=k8s_cluster.pk).update(scheduler_config=str(console_kubeconfig))
 
     response = client_for(admin).get(page_url(k8s_cluster))
 

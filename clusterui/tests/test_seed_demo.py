@@ -81,8 +81,7 @@ def test_it_seeds_the_demo_cluster(embedded):
     assert cluster.os_image == "Ubuntu 22.04 LTS"
     assert str(cluster.billing_rate_per_gpu_hour) == "2.1000"
     assert cluster.acceptance_tests_enabled is False
-    assert (cluster.repair_settings.provider, cluster.repair_settings.scheduler) == (
-        "simulated", "none")
+    assert (cluster.repair_settings.provider, cluster.scheduler) == ("simulated", "none")
 
     nodes = list(Node.objects.filter(cluster=cluster).order_by("name"))
     assert [n.name for n in nodes] == [f"gpu-{i:03d}" for i in range(1, 65)]

@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from healthchecks.models import HealthEvent
 from healthchecks.services import do_record_health_event
-from healthchecks.views import open_events_by_signature
+from healthchecks.queries import open_events_by_signature
 from nodes.tests.factories import GpuFactory, NodeFactory
 
 pytestmark = pytest.mark.django_db

@@ -1,6 +1,6 @@
 from django import template
 
-from jobs.views import node_jobs_context
+from jobs.queries import node_jobs_context
 
 register = template.Library()
 

@@ -10,7 +10,7 @@ import pytest
 from jobs import services
 from jobs.models import ImportCursor, Job, JobNode
 from jobs.services import do_import_jobs
-from repairs.executors import ExecutorError
+from schedulers import ExecutorError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NOW = datetime(2026, 11, 30, 0, 47, tzinfo=timezone.utc)

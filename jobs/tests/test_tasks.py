@@ -3,11 +3,12 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
+from clusterui.models import Cluster
 from clusterui.tests.factories import ClusterFactory
 from jobs import services
 from jobs.models import Job
 from jobs.tasks import import_jobs
-from repairs.executors import ExecutorError
+from schedulers import ExecutorError
 from repairs.models import RepairSettings
 
 FIXTURE = (Path(__file__).parent / "fixtures" / "sacct_finished.txt").read_text()
@@ -31,10 +32,10 @@ def sacct_calls(monkeypatch):
 
 def test_the_beat_task_imports_only_slurm_clusters_with_their_slurm_conf(sacct_calls):
     slurm = ClusterFactory(slug="slurm-a")
-    RepairSettings.objects.create(cluster=slurm, scheduler="slurm",
-                                  scheduler_config="/etc/slurm/a.conf")
+    Cluster.objects.filter(pk=slurm.pk).update(scheduler="slurm",
+                                               scheduler_config="/etc/slurm/a.conf")
     other = ClusterFactory(slug="k8s")
-    RepairSettings.objects.create(cluster=other, scheduler="kubernetes")
+    Cluster.objects.filter(pk=other.pk).update(scheduler="kubernetes")
     assert import_jobs() == {"slurm-a": "8 new, 0 updated"}
     assert sacct_calls == ["/etc/slurm/a.conf"]
     assert Job.objects.filter(cluster=slurm).count() == 8
@@ -43,10 +44,10 @@ def test_the_beat_task_imports_only_slurm_clusters_with_their_slurm_conf(sacct_c
 
 def test_the_command_imports_one_cluster_and_fails_loudly(sacct_calls):
     good = ClusterFactory(slug="good")
-    RepairSettings.objects.create(cluster=good, scheduler="slurm", scheduler_config="")
+    Cluster.objects.filter(pk=good.pk).update(scheduler="slurm", scheduler_config="")
     broken = ClusterFactory(slug="broken")
-    RepairSettings.objects.create(cluster=broken, scheduler="slurm",
-                                  scheduler_config="/etc/slurm/broken.conf")
+    Cluster.objects.filter(pk=broken.pk).update(scheduler="slurm",
+                                                scheduler_config="/etc/slurm/broken.conf")
     call_command("import_jobs", "--cluster", "good")
     assert sacct_calls == [None]  # empty scheduler_config: sacct's default slurm.conf
     with pytest.raises(CommandError):

@@ -107,6 +107,17 @@ def test_the_csv_has_the_filtered_jobs_with_their_share_of_the_period(
     assert rows[0]["start"] == "2026-10-31T22:30:00+00:00"
 
 
+def test_a_job_name_a_spreadsheet_would_run_is_written_as_text(client_for, viewer, cluster):
+    """Job names and users come from Slurm, which takes them from anybody who submits."""
+    JobFactory(cluster=cluster, job_id="9", user="mallory", name="=cmd|' /C calc'!A0",
+               account="@sum", gpus=1, start=T0 + timedelta(hours=1),
+               end=T0 + timedelta(hours=2), state="COMPLETED")
+    response = client_for(viewer).get(reverse("jobs:csv", args=[cluster.slug]), PERIOD)
+    row = next(csv.DictReader(io.StringIO(response.content.decode())))
+    assert (row["name"], row["account"]) == ("'=cmd|' /C calc'!A0", "'@sum")
+    assert row["gpus"] == "1"
+
+
 def test_invalid_csv_filters_are_a_400(client_for, viewer, cluster):
     response = client_for(viewer).get(reverse("jobs:csv", args=[cluster.slug]),
                                       {"start": "yesterday"})

@@ -11,7 +11,7 @@ from clusterui.models import AuditEntry
 from common.groups import agent_group
 from nodes.publisher import Publisher, read_feed_messages
 from nodes.models import Node
-from nodes.scripts import Validation, config_frame_for, do_save_startup_script
+from startup.services import Validation, config_frame_for, do_save_startup_script
 from nodes.services import do_set_node_role
 from nodes.tests.test_consumers import join, join_token, receive  # noqa: F401 (fixture)
 

@@ -6,8 +6,8 @@ import time
 import pytest
 from django.core.exceptions import ValidationError
 
-from repairs.executors import ExecutorError
-from repairs.executors.providers import (
+from schedulers import ExecutorError
+from repairs.providers import (
     CommandProvider,
     SimulatedProvider,
     validate_command_template,

@@ -95,3 +95,18 @@ def test_invalid_filters_are_a_400(client_for, viewer, url):
 
 def test_users_without_a_role_get_403(client_for, outsider, url):
     assert client_for(outsider).get(url).status_code == 403
+
+
+def test_text_a_spreadsheet_would_run_is_written_as_text(client_for, viewer, operator,
+                                                         cluster, url):
+    """An operator's comment, like a node an agent named, is somebody's text: a leading
+    =, +, - or @ gets an apostrophe (OWASP CSV injection)."""
+    node = NodeFactory(cluster=cluster, name="gpu-017")
+    finished(node, Status.REJECTED, reviewed_by=operator, reviewed_at=timezone.now(),
+             review_comment='=HYPERLINK("http://example.invalid","x")', outcome="-1 node")
+
+    first = rows(client_for(viewer).get(url))[0]
+
+    assert first["review_comment"] == '\'=HYPERLINK("http://example.invalid","x")'
+    assert first["outcome"] == "'-1 node"
+    assert first["repair"].isdigit()  # numbers are left alone

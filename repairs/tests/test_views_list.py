@@ -7,10 +7,11 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from clusterui.models import Cluster
 from healthchecks.services import do_record_health_event
 from nodes.tests.factories import GpuFactory, NodeFactory
 from repairs.choices import Action, Status, StepKind, StepStatus
-from repairs.executors import ExecutorError, Job
+from schedulers import ExecutorError, Job
 from repairs.models import RepairSettings, RepairStep
 from repairs.services import refresh_recommendation, settings_for
 from repairs.tests.factories import RepairFactory
@@ -114,7 +115,7 @@ def test_the_jobs_on_the_node_come_from_the_scheduler(client_for, operator, clus
     recommend(cluster, "gpu-018")
     scheduler = FakeScheduler({"gpu-017": [
         Job(id="48213", user="alice", name="llama-pretrain", gpus=64, run_time_s=7500)]})
-    monkeypatch.setattr("repairs.views.scheduler_for", lambda cluster: scheduler)
+    monkeypatch.setattr("repairs.queries.scheduler_for", lambda cluster: scheduler)
 
     text = client_for(operator).get(url).text
 
@@ -130,7 +131,7 @@ def test_a_scheduler_that_does_not_answer_is_said_and_asked_once(client_for, ope
     recommend(cluster, "gpu-017")
     recommend(cluster, "gpu-018")
     scheduler = FakeScheduler(error="squeue: no answer within 15 s")
-    monkeypatch.setattr("repairs.views.scheduler_for", lambda cluster: scheduler)
+    monkeypatch.setattr("repairs.queries.scheduler_for", lambda cluster: scheduler)
 
     response = client_for(operator).get(url)
 
@@ -141,8 +142,8 @@ def test_a_scheduler_that_does_not_answer_is_said_and_asked_once(client_for, ope
 
 
 def test_a_scheduler_that_cannot_be_reached_at_all_is_said(client_for, operator, cluster, url):
-    RepairSettings.objects.create(cluster=cluster, scheduler="kubernetes",
-                                  scheduler_config="/nonexistent/kubeconfig")
+    Cluster.objects.filter(pk=cluster.pk).update(scheduler="kubernetes",
+                                                 scheduler_config="/nonexistent/kubeconfig")
     recommend(cluster, "gpu-017")
     response = client_for(operator).get(url)
     assert response.status_code == 200
@@ -250,10 +251,10 @@ def test_an_htmx_request_gets_the_history_and_the_sections_out_of_band(client_fo
     assert "js/repairs." in page  # js/repairs.<hash>.js under the manifest storage
 
 
-# Session, user, role, cluster; the awaiting repairs, their events and steps, the repair
-# settings (which scheduler to ask for the jobs), their nodes' earlier repairs; the running
-# repairs, their events and steps; the history's count and rows.
-FRAGMENT_QUERIES = 14
+# Session, user, role, cluster; the awaiting repairs, their events and steps, their nodes'
+# earlier repairs; the running repairs, their events and steps; the history's count and
+# rows. (Which scheduler to ask for the jobs is the cluster's: no query of its own.)
+FRAGMENT_QUERIES = 13
 PAGE_QUERIES = FRAGMENT_QUERIES + 1  # the page also lists the clusters for the switcher
 
 

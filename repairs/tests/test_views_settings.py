@@ -4,13 +4,12 @@ them; provider commands are validated; each row shows the default it overrides."
 import pytest
 from django.urls import reverse
 
-from clusterui.models import AuditEntry
+from clusterui.models import AuditEntry, Cluster
 from repairs.models import RepairPolicy, RepairSettings
 
 pytestmark = pytest.mark.django_db
 
-VALID = {"scheduler": "slurm", "scheduler_config": "/etc/slurm/slurm.conf",
-         "provider": "command", "blast_radius_pct": "20", "drain_grace_s": "300",
+VALID = {"provider": "command", "blast_radius_pct": "20", "drain_grace_s": "300",
          "boot_timeout_s": "1200",
          "reprovision_command": "maas admin machine deploy {hostname}",
          "failover_command": "", "remove_command": "ipmitool -H {hostname}-bmc chassis power off"}
@@ -31,9 +30,8 @@ def test_an_admin_saves_the_settings_and_it_is_audited(client_for, admin, cluste
 
     assert response.redirect_chain == [(url, 302)]
     stored = RepairSettings.objects.get(cluster=cluster)
-    assert (stored.scheduler, stored.scheduler_config, stored.blast_radius_pct,
-            stored.drain_grace_s, stored.boot_timeout_s) == ("slurm", "/etc/slurm/slurm.conf",
-                                                             20, 300, 1200)
+    assert (stored.blast_radius_pct, stored.drain_grace_s, stored.boot_timeout_s) == (
+        20, 300, 1200)
     assert stored.provider_commands == {
         "reprovision": "maas admin machine deploy {hostname}",
         "remove": "ipmitool -H {hostname}-bmc chassis power off"}
@@ -61,10 +59,13 @@ def test_invalid_settings_are_refused(client_for, admin, cluster, url, field, va
     assert response.status_code == 400
     assert error in response.text
     assert not AuditEntry.objects.exists()
-    assert RepairSettings.objects.get(cluster=cluster).scheduler == "none"
+    assert RepairSettings.objects.get(cluster=cluster).blast_radius_pct == 10
 
 
-def test_viewers_read_the_settings_without_the_commands(client_for, admin, viewer, url):
+def test_viewers_read_the_settings_without_the_commands(client_for, admin, viewer, cluster,
+                                                        url):
+    Cluster.objects.filter(pk=cluster.pk).update(scheduler="slurm",
+                                                 scheduler_config="/etc/slurm/slurm.conf")
     client_for(admin).post(url, VALID)
     text = client_for(viewer).get(url).text
     assert "Slurm" in text and "/etc/slurm/slurm.conf" in text and "20 %" in text

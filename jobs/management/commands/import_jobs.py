@@ -12,17 +12,18 @@ class Command(BaseCommand):
     def handle(self, *args, cluster=None, **options):
         found = slurm_clusters()
         if cluster:
-            found = found.filter(cluster__slug=cluster)
+            found = found.filter(slug=cluster)
             if not found:
                 raise CommandError(f"no Slurm cluster {cluster!r}")
         failed = False
-        for rs in found:
-            result = do_import_jobs(rs.cluster, slurm_conf=rs.scheduler_config or None)
+        for slurm_cluster in found:
+            result = do_import_jobs(slurm_cluster,
+                                    slurm_conf=slurm_cluster.scheduler_config or None)
             if result.error:
                 failed = True
-                self.stderr.write(f"{rs.cluster.slug}: {result.error}")
+                self.stderr.write(f"{slurm_cluster.slug}: {result.error}")
             else:
-                self.stdout.write(f"{rs.cluster.slug}: {result.created} new, "
+                self.stdout.write(f"{slurm_cluster.slug}: {result.created} new, "
                                   f"{result.updated} updated")
         if failed:
             raise CommandError("some imports failed")

@@ -17,15 +17,19 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from clusterui.changes import Kind, record_node_changes
+from clusterui.changes import Kind, record_change, record_node_changes
 from clusterui.services import record_audit
+from healthchecks.services import do_close_health_event, do_record_health_event
+from nodes.models import Node
+from nodes.states import refresh_node_state
 
-from .script_models import ScriptEvent, ScriptRun, StartupScript, StartupScriptVersion
+from .models import ScriptEvent, ScriptRun, StartupScript, StartupScriptVersion
 
 BASH_N_TIMEOUT_S = 10
 SHELLCHECK_TIMEOUT_S = 20
@@ -182,8 +186,6 @@ def scripts_for_node(node):
 
 
 def config_frame_for(node_id, sample_interval_s):
-    from .models import Node
-
     node = Node.objects.get(pk=node_id)
     return {"type": "config", "sample_interval_s": sample_interval_s,
             "startup_scripts": scripts_for_node(node)}
@@ -214,8 +216,6 @@ def has_boot_scripts(node):
 @transaction.atomic
 def do_record_script_run(node, frame, now=None):
     """Store a script_result frame. Returns the ScriptRun."""
-    from healthchecks.services import do_close_health_event, do_record_health_event
-
     now = now or timezone.now()
     script = StartupScript.objects.filter(pk=frame["script_id"],
                                           cluster_id=node.cluster_id).first()
@@ -250,10 +250,12 @@ def do_record_script_run(node, frame, now=None):
             now=now)
     if run.event == ScriptEvent.NODE_BOOT:
         release_boot_hold_if_done(node, now=now)
+    record_change(Kind.SCRIPT_RUN, cluster_id=node.cluster_id, node_id=node.pk,
+                  object_id=run.pk, now=now)
     return run
 
 
-# Boot scripts hold a node in booting (nodes.states: boot_tasks_running)
+# Boot scripts hold a node in booting (the node's boot_tasks_running, read by nodes.states)
 
 BOOT_GRACE_S = 120  # beyond the scripts' own limits: the agent's start, the result's trip
 
@@ -267,9 +269,6 @@ def boot_scripts(node):
 def do_hold_for_boot_scripts(node, *, rebooted, now=None):
     """At a hello with a new boot id: the agent runs the node's boot scripts once per boot,
     and the node stays booting until their results arrive (or boot_deadline passes)."""
-    from .models import Node
-    from .states import refresh_node_state
-
     if not rebooted or not boot_scripts(node).exists():
         return False
     node.refresh_from_db(fields=["booted_at"])
@@ -281,16 +280,11 @@ def do_hold_for_boot_scripts(node, *, rebooted, now=None):
 
 def boot_deadline(node):
     """When a node stops waiting for its boot scripts' results."""
-    from datetime import timedelta
-
     limits = sum(boot_scripts(node).values_list("timeout_s", flat=True))
     return node.booted_at + timedelta(seconds=limits + BOOT_GRACE_S)
 
 
 def _release_boot_hold(node, reason, now):
-    from .models import Node
-    from .states import refresh_node_state
-
     held = Node.objects.filter(pk=node.pk, boot_tasks_running=True,
                                boot_scripts_due_by__isnull=False)
     if held.update(boot_tasks_running=False, boot_scripts_due_by=None):
@@ -313,10 +307,8 @@ def release_boot_hold_if_done(node, now=None):
 
 
 def do_end_overdue_boot_holds(now=None):
-    """Nodes whose boot scripts' results never came within the deadline stop booting (the beat's
-    refresh_due_node_states calls this). Returns how many."""
-    from .models import Node
-
+    """Nodes whose boot scripts' results never came within the deadline stop booting (a beat
+    task, startup.tasks.end_overdue_boot_holds). Returns how many."""
     now = now or timezone.now()
     released = 0
     for node in Node.objects.filter(boot_tasks_running=True, boot_scripts_due_by__lte=now):

@@ -11,8 +11,9 @@ from django.utils import timezone
 from clusterui.models import AuditEntry
 from healthchecks.models import HealthEvent
 from nodes.choices import NodeState
-from nodes.models import Node, ScriptRun, StartupScript
-from nodes.scripts import (
+from nodes.models import Node
+from startup.models import ScriptRun, StartupScript
+from startup.services import (
     Validation,
     config_frame_for,
     diff_lines,
@@ -62,7 +63,7 @@ def test_shellcheck_warnings_are_reported():
 
 
 def test_without_shellcheck_it_says_so(monkeypatch):
-    monkeypatch.setattr("nodes.scripts.shutil.which", lambda name: None)
+    monkeypatch.setattr("startup.services.shutil.which", lambda name: None)
     validation = validate_body(WARNING)
     assert validation.shellcheck_missing and validation.warnings == ""
     assert "not installed" in validation.shellcheck_note
@@ -110,7 +111,7 @@ def test_roll_back_is_a_new_version_with_the_old_body(cluster, admin):
 
 
 def edit_url(cluster, event="node_boot", role="worker"):
-    return reverse("scripts:edit", args=[cluster.slug, event, role])
+    return reverse("startup:edit", args=[cluster.slug, event, role])
 
 
 @pytest.mark.django_db
@@ -152,7 +153,7 @@ def test_warnings_refuse_the_save_until_accepted(client, cluster, admin):
 
 @pytest.mark.django_db
 def test_without_shellcheck_the_form_says_so(client, cluster, admin, monkeypatch):
-    monkeypatch.setattr("nodes.scripts.shutil.which", lambda name: None)
+    monkeypatch.setattr("startup.services.shutil.which", lambda name: None)
     client.force_login(admin)
     response = client.post(edit_url(cluster), {"body": WARNING, "timeout_s": 60}, follow=True)
     assert "shellcheck is not installed on the server" in response.content.decode()
@@ -175,14 +176,14 @@ def test_the_versions_page_shows_the_diff_and_rolls_back(client, cluster, admin)
     save(cluster)
     save(cluster, body=GOOD.replace("ready", "up"))
     client.force_login(admin)
-    url = reverse("scripts:versions", args=[cluster.slug, "node_boot", "worker"])
+    url = reverse("startup:versions", args=[cluster.slug, "node_boot", "worker"])
     page = client.get(url).content.decode()
     assert "-echo ready" in page and "+echo up" in page
-    response = client.post(reverse("scripts:roll_back",
+    response = client.post(reverse("startup:roll_back",
                                    args=[cluster.slug, "node_boot", "worker", 1]))
     assert response.status_code == 302
     assert StartupScript.objects.get().current_version.body == GOOD
-    assert client.get(reverse("scripts:roll_back",
+    assert client.get(reverse("startup:roll_back",
                               args=[cluster.slug, "node_boot", "worker", 1])).status_code == 405
 
 

@@ -1,6 +1,12 @@
-"""Providers: what reprovisions, fails over or removes a machine (repairs/executors/__init__.py
-has the interface). `SimulatedProvider` serves the demo; `CommandProvider` runs the shell
-commands an admin configured (IPMI, MAAS, a cloud CLI) with a time limit."""
+"""Providers: what reprovisions, fails over or removes a machine.
+
+    provider.run(action, node_name) -> output          action: reprovision, failover, remove
+
+run() starts the action and returns (a command with a time limit, or an API call); the
+repair then waits for the node to come back (a hello with a new boot id). A failure raises
+schedulers.ExecutorError with what an operator needs to act on. `SimulatedProvider` serves
+the demo; `CommandProvider` runs the shell commands an admin configured (IPMI, MAAS, a
+cloud CLI) with a time limit."""
 
 import os
 import shlex
@@ -11,7 +17,7 @@ import tempfile
 
 from django.core.exceptions import ValidationError
 
-from . import ExecutorError
+from schedulers import ExecutorError
 
 ACTIONS = ("reprovision", "failover", "remove")
 PLACEHOLDERS = ("node", "hostname", "cluster", "action")

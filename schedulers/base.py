@@ -1,20 +1,5 @@
-"""How a repair touches the world outside the console: the cluster's scheduler (drain,
-resume, the jobs on a node) and the provider that reprovisions, fails over or removes a
-machine. Each is a small class behind one interface; repairs.steps picks them per cluster.
-
-    scheduler.drain(node_name, reason) -> output      scheduler.resume(node_name) -> output
-    scheduler.node(node_name) -> SchedulerNode         scheduler.running_jobs(node_name) -> [Job]
-    scheduler.requeue(job_ids) -> output
-    provider.run(action, node_name) -> output          action: reprovision, failover, remove
-
-A provider's run() starts the action and returns (a command with a time limit, or an API
-call); the repair then waits for the node to come back (a hello with a new boot id).
-
-Every method is idempotent: a step that a killed worker left half done runs again, and
-asking for what is already so (draining a drained node) succeeds without doing it twice.
-A failure raises ExecutorError with a message an operator can act on (the command, its
-exit status and the end of its output).
-"""
+"""What every scheduler answers with, and the one for a cluster without a scheduler
+(schedulers/__init__.py has the interface)."""
 
 from dataclasses import dataclass
 

@@ -5,9 +5,10 @@ import pytest
 from channels.db import database_sync_to_async
 
 from nodes.choices import NodeState
-from nodes.models import Node, ScriptRun
+from nodes.models import Node
+from startup.models import ScriptRun
 from nodes.publisher import Publisher
-from nodes.scripts import Validation, do_save_startup_script
+from startup.services import Validation, do_save_startup_script
 from nodes.tests.test_consumers import (  # noqa: F401 (fixtures)
     hello,
     in_memory_channel_layer,

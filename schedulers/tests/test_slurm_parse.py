@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from repairs.executors import Job, SchedulerNode
-from repairs.executors.slurm import (
+from schedulers import Job, SchedulerNode
+from schedulers.slurm import (
     gpus_from_tres,
     node_from_fields,
     parse_node_line,

@@ -28,7 +28,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from . import ExecutorError, Job, RetryLater, SchedulerNode
+from .base import ExecutorError, Job, RetryLater, SchedulerNode
 
 DRAIN_REASON_ANNOTATION = "clusterui.io/drain-reason"
 USER_LABEL = "clusterui.io/user"

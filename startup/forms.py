@@ -1,7 +1,7 @@
 from django import forms
 
-from .script_models import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
-from .scripts import normalize_body, validate_body
+from .models import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
+from .services import normalize_body, validate_body
 
 
 class StartupScriptForm(forms.Form):

@@ -1,8 +1,8 @@
 from django.urls import path
 
-from . import script_views as views
+from . import views
 
-app_name = "scripts"
+app_name = "startup"
 
 urlpatterns = [
     path("", views.script_list, name="list"),

@@ -1,27 +1,18 @@
-"""Startup scripts (issue 7): per cluster, one script for each (event, role), every save a new
-version; and the runs the agents report (script_result frames).
-
-They live in the nodes app because they are about nodes: a node's role picks its scripts, the
-agent consumer delivers them in the `config` frame and stores their results, and the runs show
-on the node page. nodes/models.py imports this module so Django registers the models.
-"""
+"""Startup scripts: per cluster, one script for each (event, role), every save a new
+version; and the runs the agents report (script_result frames). A node's role
+(nodes.choices.NodeRole) picks its scripts."""
 
 from django.conf import settings
 from django.db import models
 
 from clusterui.models import Cluster
+from nodes.choices import NodeRole
 
 
 class ScriptEvent(models.TextChoices):
     NODE_BOOT = "node_boot", "node boot"
     JOB_START = "job_start", "job start"
     JOB_END = "job_end", "job end"
-
-
-class NodeRole(models.TextChoices):
-    WORKER = "worker", "worker"
-    LOGIN = "login", "login"
-    CONTROLLER = "controller", "controller"
 
 
 DEFAULT_TIMEOUT_S = 300

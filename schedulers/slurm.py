@@ -17,7 +17,7 @@ import re
 import subprocess
 import time
 
-from . import ExecutorError, Job, SchedulerNode
+from .base import ExecutorError, Job, SchedulerNode
 
 DEFAULT_TIMEOUT_S = 15
 # How often requeue() looks whether the jobs it requeued have left COMPLETING.

@@ -7,12 +7,14 @@ from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from clusterui.queries import get_cluster_for_user
 from clusterui.roles import Role, has_role, require_role
-from clusterui.views import get_cluster_for_user
 
-from .script_forms import StartupScriptForm
-from .script_models import NodeRole, ScriptEvent, StartupScript
-from .scripts import (
+from nodes.choices import NodeRole
+
+from .forms import StartupScriptForm
+from .models import ScriptEvent, StartupScript
+from .services import (
     current_scripts,
     diff_lines,
     do_roll_back_startup_script,
@@ -34,7 +36,7 @@ def script_list(request, slug):
     rows = [{"event": event, "cells": [(role, scripts.get((event.value, role.value)))
                                        for role in NodeRole]}
             for event in ScriptEvent]
-    return render(request, "nodes/scripts_list.html",
+    return render(request, "startup/list.html",
                   {"cluster": cluster, "tab": "settings", "rows": rows, "roles": list(NodeRole)})
 
 
@@ -60,8 +62,8 @@ def script_edit(request, slug, lifecycle, role):
         note = f" {form.validation.shellcheck_note}." if form.validation.shellcheck_missing else ""
         messages.success(request, f"Saved as version {version.number}; sent to connected "
                                   f"agents.{note}")
-        return redirect("scripts:edit", cluster.slug, event, role)
-    return render(request, "nodes/scripts_edit.html", {
+        return redirect("startup:edit", cluster.slug, event, role)
+    return render(request, "startup/edit.html", {
         "cluster": cluster, "tab": "settings", "event": event, "role": role, "script": script,
         "form": form, "validation": form.validation}, status=400 if form.errors else 200)
 
@@ -82,7 +84,7 @@ def script_versions(request, slug, lifecycle, role):
         against = by_number.get(_int(request.GET.get("against")))
         if against is None:
             against = next((v for v in versions if v.number < shown.number), None)
-    return render(request, "nodes/scripts_versions.html", {
+    return render(request, "startup/versions.html", {
         "cluster": cluster, "tab": "settings", "event": event, "role": role, "script": script,
         "versions": versions, "shown": shown, "against": against,
         "diff": diff_lines(against, shown) if shown and against else []})
@@ -105,4 +107,4 @@ def script_roll_back(request, slug, lifecycle, role, number):
     version = do_roll_back_startup_script(script, number, actor=request.user, request=request)
     messages.success(request, f"Rolled back: version {version.number} has version {number}'s "
                               f"body; sent to connected agents.")
-    return redirect("scripts:versions", cluster.slug, event, role)
+    return redirect("startup:versions", cluster.slug, event, role)

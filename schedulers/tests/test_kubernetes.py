@@ -18,8 +18,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from kubernetes import client
 
-from repairs.executors import ExecutorError, Job, SchedulerNode
-from repairs.executors.kubernetes import (
+from schedulers import ExecutorError, Job, SchedulerNode
+from schedulers.kubernetes import (
     DRAIN_REASON_ANNOTATION,
     KubernetesScheduler,
     from_kubeconfig,

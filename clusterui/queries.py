@@ -1,18 +1,31 @@
-"""Read-side of the overview page: counts, usage and the timeline, in a fixed number of queries."""
+"""The reads behind the cluster's pages: the cluster a URL names, and the overview's counts,
+usage and timeline, in a fixed number of queries."""
 
 from datetime import timedelta
 
 from django.core.paginator import Paginator
 from django.db.models import Count
+from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
+from healthchecks.models import CheckRun
 from nodes.choices import DISPLAY_ORDER, STATE_COLOURS
 from nodes.models import ClusterRollup, Node, NodeTransition
+from repairs.choices import Status
+from repairs.models import Repair
+
+from .models import Cluster
 
 TIMELINE_PAGE_SIZE = 25
 USAGE_WINDOW = timedelta(hours=1)
 # A rollup older than this is not "now": the overview says telemetry is stale.
 USAGE_FRESH_FOR = timedelta(minutes=5)
+
+
+def get_cluster_for_user(request, slug):
+    """The cluster named by `slug`, for a user who may read it (every role reads every
+    cluster); 404 for an unknown one."""
+    return get_object_or_404(Cluster, slug=slug)
 
 
 def bits_per_s_in_gbps(bytes_per_s):
@@ -31,17 +44,12 @@ def state_counts(cluster):
 
 def nodes_in_acceptance(cluster):
     """How many of the cluster's nodes are running their acceptance tests now."""
-    from healthchecks.models import CheckRun
-
     return (CheckRun.objects.unfinished()
             .filter(node__cluster=cluster, purpose=CheckRun.Purpose.ACCEPTANCE)
             .values("node").distinct().count())
 
 
 def repairs_awaiting_approval(cluster):
-    from repairs.choices import Status
-    from repairs.models import Repair
-
     return Repair.objects.filter(cluster=cluster, status=Status.PROPOSED).count()
 
 

@@ -1,0 +1,148 @@
+"""The reads behind the Repair tab, a repair's page and the node page's Repair section:
+repair cards with what they show (the jobs a repair would hit, the node's earlier repairs),
+in a fixed number of queries."""
+
+from dataclasses import dataclass
+
+from django.db.models import F, Prefetch, Window
+from django.db.models.functions import RowNumber
+from django.shortcuts import get_object_or_404
+
+from clusterui.queries import get_cluster_for_user
+from healthchecks.catalog import catalog
+from healthchecks.models import HealthEvent
+from schedulers import ExecutorError, NoScheduler, scheduler_for
+
+from .choices import ACTION_EXPLANATIONS, FINISHED_STATUSES, Status
+from .forms import ProposeRepairForm
+from .models import Repair
+
+NODE_HISTORY_LIMIT = 5  # a recommendation shows this many of its node's earlier repairs
+NODE_PAGE_HISTORY_LIMIT = 20
+
+
+def get_repair_for_user(request, slug, public_id):
+    cluster = get_cluster_for_user(request, slug)
+    return get_object_or_404(with_card_data(Repair.objects.all()), cluster=cluster,
+                             public_id=public_id)
+
+
+def with_card_data(repairs):
+    """What a repair's block shows, fetched with it: a fixed number of queries for any
+    number of repairs."""
+    return repairs.select_related(
+        "cluster", "node", "gpu", "requested_by", "reviewed_by",
+    ).prefetch_related(
+        Prefetch("events", queryset=HealthEvent.objects.select_related("gpu").order_by(
+            "-last_seen", "-id")),
+        "steps",
+    )
+
+
+# What a repair's block shows besides the repair itself.
+
+
+@dataclass(frozen=True)
+class JobsAtRisk:
+    """What the cluster's scheduler says runs on a node: the jobs a repair would hit."""
+
+    jobs: tuple = ()
+    scheduler: str = ""  # its name; "" when the cluster has none configured
+    error: str = ""  # why it did not answer
+
+    @property
+    def rows(self):
+        return [(job, run_time_text(job.run_time_s)) for job in self.jobs]
+
+
+def run_time_text(seconds):
+    if seconds is None:
+        return "–"
+    if seconds < 60:
+        return f"{seconds} s"
+    hours, minutes = divmod(seconds // 60, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min"
+
+
+@dataclass(frozen=True)
+class RepairCard:
+    repair: Repair
+    jobs: JobsAtRisk | None = None  # asked for proposed repairs only
+    history: list | None = None  # the node's earlier repairs, newest first; None: not shown
+
+    @property
+    def action_explanation(self):
+        return ACTION_EXPLANATIONS[self.repair.action]
+
+
+def jobs_at_risk(cluster, nodes):
+    """{node id: JobsAtRisk}. A scheduler that did not answer for one node is not asked
+    again for the next: each question would wait out its own time limit."""
+    try:
+        scheduler = scheduler_for(cluster)
+    except ExecutorError as error:
+        return {node.pk: JobsAtRisk(error=str(error)) for node in nodes}
+    if isinstance(scheduler, NoScheduler):
+        return {node.pk: JobsAtRisk() for node in nodes}
+    found, error = {}, ""
+    for node in nodes:
+        if not error:
+            try:
+                found[node.pk] = JobsAtRisk(tuple(scheduler.running_jobs(node.name)),
+                                            scheduler.name)
+                continue
+            except ExecutorError as exc:
+                error = str(exc)
+        found[node.pk] = JobsAtRisk(scheduler=scheduler.name, error=error)
+    return found
+
+
+def proposed_jobs(repair):
+    """The jobs a proposed repair would hit; None once it is past approval."""
+    if repair.status != Status.PROPOSED:
+        return None
+    return jobs_at_risk(repair.cluster, [repair.node])[repair.node_id]
+
+
+def node_histories(node_ids, exclude_ids, limit=NODE_HISTORY_LIMIT):
+    """{node id: [its latest `limit` repairs, newest first]}, in one query."""
+    if not node_ids:
+        return {}
+    newest_first = [F("requested_at").desc(), F("id").desc()]
+    rows = (Repair.objects.filter(node_id__in=node_ids).exclude(pk__in=exclude_ids)
+            .annotate(nth=Window(RowNumber(), partition_by=[F("node_id")], order_by=newest_first))
+            .filter(nth__lte=limit).select_related("cluster").order_by("node_id", *newest_first))
+    histories = {}
+    for repair in rows:
+        histories.setdefault(repair.node_id, []).append(repair)
+    return histories
+
+
+def repair_cards(repairs):
+    """Cards for repairs fetched through with_card_data(); proposed ones bring the jobs on
+    their nodes and their nodes' earlier repairs."""
+    repairs = list(repairs)
+    proposed = [r for r in repairs if r.status == Status.PROPOSED]
+    if not proposed:
+        return [RepairCard(r) for r in repairs]
+    jobs = jobs_at_risk(proposed[0].cluster, [r.node for r in proposed])
+    histories = node_histories([r.node_id for r in proposed], [r.pk for r in repairs])
+    return [RepairCard(r, jobs[r.node_id], histories.get(r.node_id, []))
+            if r.status == Status.PROPOSED else RepairCard(r) for r in repairs]
+
+
+def finished_repairs(cluster):
+    return (Repair.objects.filter(cluster=cluster, status__in=FINISHED_STATUSES)
+            .select_related("cluster", "node", "gpu", "requested_by", "reviewed_by")
+            .order_by(F("finished_at").desc(nulls_last=True), "-requested_at", "-id"))
+
+
+def node_repairs_context(node):
+    """The context of templates/repairs/_node_repairs.html (node page: nodes.views)."""
+    open_repair = with_card_data(node.repairs.open()).first()
+    card = None if open_repair is None else RepairCard(open_repair, proposed_jobs(open_repair))
+    history = (node.repairs.filter(status__in=FINISHED_STATUSES)
+               .select_related("cluster", "requested_by", "reviewed_by")
+               [:NODE_PAGE_HISTORY_LIMIT])
+    return {"node_repair": card, "node_repair_history": history,
+            "propose_form": ProposeRepairForm(), "xids": catalog()}
