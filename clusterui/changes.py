@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from .models import Change, FeedCursor
@@ -54,14 +53,15 @@ def record_node_changes(kind, *, cluster_id, node_ids, now=None):
                                 for node_id in node_ids], batch_size=500)
 
 
-@transaction.atomic
 def read_changes(reader, *, limit=READ_LIMIT, clock=time.time):
     """The changes `reader` has not read yet, oldest first; its cursor moves past them.
 
-    Readers of the same name take turns (the cursor's row is locked). Called inside the
-    transaction that does the reader's work, a rollback hands the same rows out again."""
-    FeedCursor.objects.get_or_create(reader=reader)
-    cursor = FeedCursor.objects.select_for_update().get(reader=reader)
+    The cursor moves by a conditional update (compare and set on its version): of two
+    readers of one name reading at once, one gets the rows and the other none. Nothing is
+    locked while the rows are read, so a reader never holds two tables at once. Called
+    inside the transaction that does the reader's work, a rollback hands the same rows out
+    again."""
+    cursor, _ = FeedCursor.objects.get_or_create(reader=reader)
     gaps = {int(change_id): since for change_id, since in cursor.gaps.items()}
     unread = Q(id__gt=cursor.last_id)
     if gaps:
@@ -83,10 +83,10 @@ def read_changes(reader, *, limit=READ_LIMIT, clock=time.time):
             if change_id not in read_ids and now_ts - since < GAP_FORGOTTEN_AFTER_S}
     if len(gaps) > MAX_GAPS:
         gaps = dict(sorted(gaps.items())[-MAX_GAPS:])
-    FeedCursor.objects.filter(pk=reader).update(
-        last_id=max(newest, cursor.last_id), gaps={str(k): v for k, v in gaps.items()},
-        read_at=timezone.now())
-    return rows
+    moved = FeedCursor.objects.filter(pk=reader, version=cursor.version).update(
+        version=F("version") + 1, last_id=max(newest, cursor.last_id),
+        gaps={str(k): v for k, v in gaps.items()}, read_at=timezone.now())
+    return rows if moved else []
 
 
 def prune_changes(now=None):

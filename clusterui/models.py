@@ -288,6 +288,8 @@ class FeedCursor(models.Model):
     commit), to be read once they commit (or forgotten after a while: rolled back)."""
 
     reader = models.CharField(max_length=32, primary_key=True)
+    version = models.PositiveBigIntegerField(
+        default=0, help_text="one more at every read: two readers of one name, one wins")
     last_id = models.BigIntegerField(default=0)
     gaps = models.JSONField(default=dict, blank=True,
                             help_text="{id: unix time it was first missed}")

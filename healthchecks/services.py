@@ -316,6 +316,14 @@ def _after_run_finished(run, now):
         judge_after_reboot(run.node, boot_id=run.boot_id, now=now)
 
 
+@transaction.atomic
+def do_bulk_request_checks(nodes, check_names, *, purpose, actor=None, request=None):
+    """The same checks on several nodes (the Nodes list's bulk form), in one transaction: one
+    boolean per node, whether every check started (False: some were running already)."""
+    return [all(created for _, created in do_request_checks(
+        node, check_names, purpose=purpose, actor=actor, request=request)) for node in nodes]
+
+
 def latest_runs(node, purpose, check_names, since):
     """{check name: its latest run of this purpose requested since `since`}."""
     runs = CheckRun.objects.filter(node=node, purpose=purpose, check_name__in=check_names,

@@ -131,6 +131,25 @@ def do_set_node_role(node, role, *, actor, request=None, now=None):
     return True
 
 
+# Several nodes at once (the Nodes list's bulk form): all in one transaction; each returns
+# one boolean per node, whether it changed.
+
+
+@transaction.atomic
+def do_bulk_pause_nodes(nodes, *, actor, reason, request=None):
+    return [do_pause_node(node, actor=actor, reason=reason, request=request) for node in nodes]
+
+
+@transaction.atomic
+def do_bulk_resume_nodes(nodes, *, actor, request=None):
+    return [do_resume_node(node, actor=actor, request=request) for node in nodes]
+
+
+@transaction.atomic
+def do_bulk_set_node_role(nodes, role, *, actor, request=None):
+    return [do_set_node_role(node, role, actor=actor, request=request) for node in nodes]
+
+
 # Agent tokens (PROTOCOL.md "Connecting"): random, shown once, stored as a SHA-256 hash.
 JOIN_TOKEN_PREFIX = "cuj_"
 NODE_TOKEN_PREFIX = "cun_"

@@ -5,7 +5,6 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_not_required
-from django.db import transaction
 from django.http import HttpResponse, JsonResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -17,7 +16,7 @@ from clusterui.roles import Role, require_role
 from healthchecks.forms import RunCheckForm
 from healthchecks.inventory import do_accept_gpu_inventory
 from healthchecks.queries import check_runs_context
-from healthchecks.services import do_request_checks
+from healthchecks.services import do_bulk_request_checks
 from repairs.queries import node_repairs_context
 
 from .choices import NodeRole
@@ -42,6 +41,9 @@ from .queries import (
     ssh_command,
 )
 from .services import (
+    do_bulk_pause_nodes,
+    do_bulk_resume_nodes,
+    do_bulk_set_node_role,
     do_pause_node,
     do_resume_node,
     do_set_node_role,
@@ -179,10 +181,8 @@ def bulk_pause(request, slug):
     cluster = get_cluster_for_user(request, slug)
     form = BulkPauseForm(request.POST, cluster=cluster)
     if form.is_valid():
-        with transaction.atomic():
-            paused = [do_pause_node(node, actor=request.user, request=request,
-                                    reason=form.cleaned_data["reason"])
-                      for node in form.cleaned_data["nodes"]]
+        paused = do_bulk_pause_nodes(form.cleaned_data["nodes"], actor=request.user,
+                                     reason=form.cleaned_data["reason"], request=request)
         messages.success(request, _summary("paused", paused, "already paused"))
     return _bulk_response(request, cluster, form)
 
@@ -193,9 +193,8 @@ def bulk_resume(request, slug):
     cluster = get_cluster_for_user(request, slug)
     form = BulkNodesForm(request.POST, cluster=cluster)
     if form.is_valid():
-        with transaction.atomic():
-            resumed = [do_resume_node(node, actor=request.user, request=request)
-                       for node in form.cleaned_data["nodes"]]
+        resumed = do_bulk_resume_nodes(form.cleaned_data["nodes"], actor=request.user,
+                                       request=request)
         messages.success(request, _summary("resumed", resumed, "not paused"))
     return _bulk_response(request, cluster, form)
 
@@ -207,10 +206,8 @@ def bulk_check(request, slug):
     form = BulkCheckForm(request.POST, cluster=cluster)
     if form.is_valid():
         names, purpose = form.checks_and_purpose()
-        with transaction.atomic():
-            started = [all(created for _, created in do_request_checks(
-                node, names, purpose=purpose, actor=request.user, request=request))
-                for node in form.cleaned_data["nodes"]]
+        started = do_bulk_request_checks(form.cleaned_data["nodes"], names, purpose=purpose,
+                                         actor=request.user, request=request)
         messages.success(request, _summary(f"started {form.cleaned_data['check']} on", started,
                                            "already running it"))
     return _bulk_response(request, cluster, form)
@@ -223,9 +220,8 @@ def bulk_set_role(request, slug):
     form = BulkRoleForm(request.POST, cluster=cluster)
     if form.is_valid():
         role = form.cleaned_data["role"]
-        with transaction.atomic():
-            changed = [do_set_node_role(node, role, actor=request.user, request=request)
-                       for node in form.cleaned_data["nodes"]]
+        changed = do_bulk_set_node_role(form.cleaned_data["nodes"], role, actor=request.user,
+                                        request=request)
         messages.success(request, _summary(f"set the role to {role} on", changed,
                                            f"already {role}"))
     return _bulk_response(request, cluster, form)

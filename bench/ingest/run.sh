@@ -14,47 +14,13 @@ if [ ! -x "$PY" ]; then
     exit 2
 fi
 
-. scripts/services.sh
+. bench/production.sh
 
-missing=()
-services_missing_packages
-if [ ${#missing[@]} -gt 0 ]; then
-    log "installing missing Debian packages: ${missing[*]}"
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-        "${missing[@]}"
-fi
 if ! "$PY" -c 'import uvicorn, uvloop, httptools, orjson, psutil, websockets' 2>/dev/null; then
     log "installing bench/ingest/requirements.txt"
     "$PY" -m pip install --quiet -r bench/ingest/requirements.txt
 fi
-
-services_tmpdir
-cleanup() {
-    local status=$?
-    trap '' INT TERM
-    trap - EXIT
-    set +e
-    services_stop
-    rm -rf "$TMP"
-    exit "$status"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-services_start
-if [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
-    # Off the server's core: Redis, and PostgreSQL with every process it forks later.
-    pg_pid=$(head -n 1 "$PGDATA/postmaster.pid")
-    for pid in "$REDIS_PID" "$pg_pid" $(ps -o pid= --ppid "$pg_pid"); do
-        taskset -a -p -c 1 "$pid" >/dev/null
-    done
-    PIN=(taskset -c 1)
-else
-    PIN=()
-fi
-services_export_env
+bench_production_up
 export BENCH_WORKDIR="var/bench/ingest-$(date +%Y%m%d-%H%M%S)"   # logs, profiles, results
 mkdir -p "$BENCH_WORKDIR"
 "${PIN[@]}" "$PY" bench/ingest/run.py "$@"

@@ -14,6 +14,7 @@ class Migration(migrations.Migration):
             name='FeedCursor',
             fields=[
                 ('reader', models.CharField(max_length=32, primary_key=True, serialize=False)),
+                ('version', models.PositiveBigIntegerField(default=0, help_text='one more at every read: two readers of one name, one wins')),
                 ('last_id', models.BigIntegerField(default=0)),
                 ('gaps', models.JSONField(blank=True, default=dict, help_text='{id: unix time it was first missed}')),
                 ('read_at', models.DateTimeField(blank=True, null=True)),

@@ -106,6 +106,28 @@ def test_a_rolled_back_id_is_forgotten_after_a_while(cluster):
     assert FeedCursor.objects.get(reader="publisher").gaps == {}
 
 
+def test_two_readers_of_one_name_at_once_get_each_row_once(cluster):
+    """Two publishers around a lease handover, two deliveries of the recommender's task."""
+    for n in range(3):
+        record_change(Kind.REPAIR, cluster_id=cluster.pk, object_id=str(n))
+    got = {}
+
+    def other_reader():
+        got["other"] = ids(read_changes("publisher"))
+        connection.close()
+
+    def clock_that_lets_the_other_read_first():
+        # Called once this reader has read the rows, before it moves the cursor.
+        thread = threading.Thread(target=other_reader)
+        thread.start()
+        thread.join(10)
+        return 1000.0
+
+    got["this"] = ids(read_changes("publisher", clock=clock_that_lets_the_other_read_first))
+    assert got == {"other": ["0", "1", "2"], "this": []}
+    assert read_changes("publisher") == []
+
+
 def test_a_reader_whose_work_rolls_back_gets_the_same_rows_again(cluster):
     record_change(Kind.HEALTH_EVENT, cluster_id=cluster.pk, object_id="1")
     with pytest.raises(RuntimeError):

@@ -1,0 +1,45 @@
+# Sourced by the benchmarks' run.sh: a throwaway PostgreSQL and Redis (scripts/services.sh),
+# stopped and removed again on exit, and production mode's environment pointed at them.
+# Sets PIN: the command prefix that runs a process on core 1, off the server's core 0
+# (PostgreSQL and Redis are moved there too), or nothing on a one-core machine.
+#
+#   . bench/production.sh; bench_production_up; "${PIN[@]}" "$PY" bench/x/run.py
+
+. scripts/services.sh
+
+bench_production_up() {
+    missing=()
+    services_missing_packages
+    if [ ${#missing[@]} -gt 0 ]; then
+        log "installing missing Debian packages: ${missing[*]}"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+            --no-install-recommends "${missing[@]}"
+    fi
+    services_tmpdir
+    trap _bench_cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    services_start
+    PIN=()
+    if [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
+        # Off the server's core: Redis, and PostgreSQL with every process it forks later.
+        local pg_pid
+        pg_pid=$(head -n 1 "$PGDATA/postmaster.pid")
+        for pid in "$REDIS_PID" "$pg_pid" $(ps -o pid= --ppid "$pg_pid"); do
+            taskset -a -p -c 1 "$pid" >/dev/null
+        done
+        PIN=(taskset -c 1)
+    fi
+    services_export_env
+}
+
+_bench_cleanup() {
+    local status=$?
+    trap '' INT TERM
+    trap - EXIT
+    set +e
+    services_stop
+    rm -rf "$TMP"
+    exit "$status"
+}
