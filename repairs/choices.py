@@ -42,6 +42,7 @@ class Status(models.TextChoices):
     RESOLVED = "resolved", "resolved"
     SUPERSEDED = "superseded", "superseded"
     CANCELLED = "cancelled", "cancelled"
+    ABORTED = "aborted", "aborted"  # stopped while running, by an operator
 
 
 # A node has at most one repair in these at a time.
@@ -59,6 +60,7 @@ STATUS_COLOURS = {
     Status.RESOLVED: "healthy",
     Status.SUPERSEDED: "pending",
     Status.CANCELLED: "pending",
+    Status.ABORTED: "paused",
 }
 
 

@@ -14,6 +14,16 @@ class CommentForm(forms.Form):
     comment = forms.CharField(max_length=500, required=False)
 
 
+class AbortRepairForm(forms.Form):
+    """Aborting a running repair: why (required), and what becomes of its node."""
+
+    NODE_AFTER = [("paused", "keep the node paused"), ("resume", "resume the node")]
+
+    comment = forms.CharField(max_length=500, error_messages={
+        "required": "Say why the repair is aborted."})
+    node_after = forms.ChoiceField(choices=NODE_AFTER, initial="paused")
+
+
 class ProposeRepairForm(forms.Form):
     action = forms.ChoiceField(choices=Action.choices)
     reason = forms.CharField(max_length=300, help_text="Why this node needs it.")

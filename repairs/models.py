@@ -159,6 +159,11 @@ class RepairStep(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     next_check_at = models.DateTimeField(null=True, blank=True)
+    lease_holder = models.CharField(
+        max_length=64, blank=True, help_text="the delivery (Celery task id) running it now")
+    lease_until = models.DateTimeField(
+        null=True, blank=True,
+        help_text="a running step whose worker died is run again after this (repairs.steps)")
     message = models.CharField(max_length=500, blank=True, help_text="where it stands, in words")
     output = models.TextField(blank=True, help_text="what the commands said")
     details = models.JSONField(default=dict, blank=True)

@@ -11,6 +11,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from clusterui.changes import Kind, read_changes
+from clusterui.models import Cluster
 from clusterui.services import record_audit
 from healthchecks.choices import NODE_AFFECTING
 from healthchecks.models import HealthEvent
@@ -238,6 +239,10 @@ def start_repair(repair, now=None):
     blast-radius limit says so. Returns the repair."""
     now = now or timezone.now()
     node = Node.objects.select_for_update().get(pk=repair.node_id)
+    # The cluster-wide lock (after the node's, the order every path takes): the blast-radius
+    # count and the decision to start are one at a time per cluster, so starts at once on
+    # several workers never put more than the limit out of service.
+    Cluster.objects.select_for_update().only("pk").get(pk=repair.cluster_id)
     repair.refresh_from_db()
     if repair.status not in (Status.APPROVED, Status.WAITING):
         return repair
@@ -279,12 +284,13 @@ def start_waiting_repairs(now=None):
 
 
 def due_steps(now=None):
-    """Beat: ids of the steps to run now: waiting steps whose next check has come, and a
-    next step still pending a minute after the one before it ended (its enqueue was lost)."""
+    """Beat: ids of the steps to run now: waiting steps whose next check has come, running
+    steps whose lease ran out (their worker died and its delivery was lost), and a next step
+    still pending a minute after the one before it ended (its enqueue was lost)."""
     now = now or timezone.now()
-    due = list(RepairStep.objects.filter(
-        status=StepStatus.WAITING, next_check_at__lte=now + DUE_EARLY,
-        repair__status=Status.RUNNING,
+    due = list(RepairStep.objects.filter(repair__status=Status.RUNNING).filter(
+        Q(status=StepStatus.WAITING, next_check_at__lte=now + DUE_EARLY)
+        | Q(status=StepStatus.RUNNING, lease_until__lte=now)
     ).values_list("pk", flat=True))
     for repair in Repair.objects.filter(status=Status.RUNNING).prefetch_related("steps"):
         steps = sorted(repair.steps.all(), key=lambda step: step.position)

@@ -5,13 +5,20 @@ beat task runs it again then. No task sleeps.
 
 A step may run twice: a worker killed mid-step has its task delivered again (acks_late,
 reject_on_worker_lost). So each step first looks at what is already so (the node drained
-with our reason, the reboot command already sent) and does only what is missing.
+with our reason, the reboot command already sent) and does only what is missing. It never
+runs twice at once: a delivery claims it by a conditional update (claim), and a running
+step holds a lease that only a delivery made again after its worker was lost, or the lease
+running out, gets past. Any error is tried again with backoff, and then fails the repair
+with its reason: no repair stays running for ever.
 """
 
+import logging
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from healthchecks.checks import AFTER_REBOOT_CHECKS
@@ -21,14 +28,17 @@ from healthchecks.services import do_request_checks
 from nodes.models import AgentCommand
 from nodes.services import do_pause_node, do_send_command
 
+from clusterui.services import record_audit
 from schedulers import ExecutorError, RetryLater, scheduler_for
 
 from .choices import Action, Status, StepKind, StepStatus
 from .live import announce_repair_change
 from .models import Repair, RepairSettings, RepairStep
 from .providers import CommandProvider, SimulatedProvider
-from .services import DUE_EARLY, due_steps, enqueue_step, settings_for
+from .services import DUE_EARLY, RepairRefused, due_steps, enqueue_step, settings_for
 from .transitions import transition
+
+logger = logging.getLogger(__name__)
 
 RECHECK = timedelta(seconds=5)
 JOBS_RECHECK = timedelta(seconds=15)
@@ -202,25 +212,47 @@ def set_details(step, **values):
     RepairStep.objects.filter(pk=step.pk).update(details=step.details)
 
 
-def claim(step_id, now):
-    """Mark the step running (a new attempt) if it is due; the step, or None if not."""
-    due = (RepairStep.objects.filter(pk=step_id, repair__status=Status.RUNNING)
-           .exclude(status__in=[StepStatus.DONE, StepStatus.FAILED])
-           .exclude(status=StepStatus.WAITING, next_check_at__gt=now + DUE_EARLY))
-    step = due.select_related("repair__node__cluster", "repair__cluster").first()
+def lease_for(step):
+    """How long a step may run before another delivery may take it over: longer than its
+    work can take (a provider command has PROVIDER_TIMEOUT_S), so a running step is never
+    run twice at once; a worker that died leaves it for this long at most."""
+    return timedelta(seconds=PROVIDER_TIMEOUT_S + 60 if step.kind == StepKind.ACT else 120)
+
+
+def claim(step_id, now, holder):
+    """Take the step for one run, by a conditional update that one delivery wins: it must be
+    pending, waiting and due, or running under a lease that expired or is `holder`'s own (a
+    delivery made again after its worker was lost). The step, or None."""
+    step = (RepairStep.objects.filter(pk=step_id)
+            .select_related("repair__node__cluster", "repair__cluster").first())
     if step is None:
         return None
-    RepairStep.objects.filter(pk=step.pk).update(
-        status=StepStatus.RUNNING, attempts=step.attempts + 1,
-        started_at=step.started_at or now)
-    step.started_at = step.started_at or now
+    claimable = RepairStep.objects.filter(pk=step_id, repair__status=Status.RUNNING).filter(
+        Q(status=StepStatus.PENDING)
+        | Q(status=StepStatus.WAITING, next_check_at__lte=now + DUE_EARLY)
+        | Q(status=StepStatus.RUNNING, lease_until__lte=now)
+        | Q(status=StepStatus.RUNNING, lease_holder=holder))
+    started_at = step.started_at or now
+    taken = claimable.update(status=StepStatus.RUNNING, attempts=F("attempts") + 1,
+                             started_at=started_at, lease_holder=holder[:64],
+                             lease_until=now + lease_for(step))
+    if not taken:
+        return None
+    step.refresh_from_db()
     return step
 
 
-def run_step(step_id, now=None):
-    """Run one step once; record how it went; start the next step or end the repair."""
+# A step that raises anything else than ExecutorError (the database, Redis, a bug) is tried
+# again after 5, 10, 20, 40 s, and then fails its repair with the error.
+ERROR_RETRIES = 4
+ERROR_BACKOFF = timedelta(seconds=5)
+
+
+def run_step(step_id, now=None, holder=""):
+    """Run one step once; record how it went; start the next step or end the repair.
+    `holder`: the delivery (its Celery task id); a run without one is its own."""
     now = now or timezone.now()
-    step = claim(step_id, now)
+    step = claim(step_id, now, holder or f"run-{uuid.uuid4()}")
     if step is None:
         return None
     repair = step.repair
@@ -230,24 +262,47 @@ def run_step(step_id, now=None):
         outcome = Wait(str(exc), RETRY_LATER)
     except ExecutorError as exc:
         outcome = Failed(str(exc))
+    except Exception as exc:  # noqa: BLE001 - any error is retried, then fails the repair
+        logger.exception("step %s of repair #%s raised", step.kind, repair.pk)
+        outcome = after_error(step, exc)
+    else:
+        if step.details.get("errors"):
+            set_details(step, errors=0)
     record_outcome(step, outcome, timezone.now())
     return outcome
+
+
+def after_error(step, exc):
+    """Wait and try again, or, after ERROR_RETRIES, fail: what a step that raised does."""
+    errors = step.details.get("errors", 0) + 1
+    set_details(step, errors=errors)
+    what = f"{type(exc).__name__}: {exc}"[:300]
+    if errors > ERROR_RETRIES:
+        return Failed(f"error {errors} times in a row, the last: {what}")
+    after = ERROR_BACKOFF * 2 ** (errors - 1)
+    return Wait(f"error ({what}); trying again in {after.total_seconds():g} s "
+                f"({errors} of {ERROR_RETRIES})", after)
 
 
 @transaction.atomic
 def record_outcome(step, outcome, now):
     repair = Repair.objects.select_for_update().get(pk=step.repair_id)
     output = (step.output + outcome.output)[-OUTPUT_LIMIT:]
+    released = {"lease_holder": "", "lease_until": None}
     if isinstance(outcome, Wait):
         RepairStep.objects.filter(pk=step.pk).update(
             status=StepStatus.WAITING, message=outcome.message[:500], output=output,
-            next_check_at=now + outcome.after)
+            next_check_at=now + outcome.after, **released)
         announce_repair_change(repair)
         return
     status = StepStatus.DONE if isinstance(outcome, Done) else StepStatus.FAILED
     RepairStep.objects.filter(pk=step.pk).update(
         status=status, message=outcome.message[:500], output=output, finished_at=now,
-        next_check_at=None)
+        next_check_at=None, **released)
+    if repair.status != Status.RUNNING:
+        # Aborted while this step ran: what it did is recorded, and nothing follows.
+        announce_repair_change(repair)
+        return
     if isinstance(outcome, Failed):
         fail_repair(repair, f"{step.get_kind_display()} failed: {outcome.message}", now)
         return
@@ -266,6 +321,49 @@ def fail_repair(repair, why, now):
     transition(repair, Status.FAILED, reason=why, now=now, finished_at=now, outcome=why)
     do_pause_node(repair.node, actor=None, reason=f"repair #{repair.pk} failed: {why}"[:255],
                   now=now)
+
+
+def do_abort_repair(repair, *, actor, comment, resume_node, request=None, now=None):
+    """An operator stops a running repair, saying why (DESIGN.md: aborted). No step runs
+    after it; one running at that moment finishes and is recorded, and nothing follows it.
+    The node then stays out of service, paused with the comment, or (resume_node) goes
+    back: the drain this repair put on it in the scheduler is lifted. Returns (repair, what
+    happened to the node). Raises Conflict (not running any more) or RepairRefused."""
+    if not comment.strip():
+        raise RepairRefused("Say why the repair is aborted.")
+    now = now or timezone.now()
+    after = "resumed" if resume_node else "kept paused"
+    with transaction.atomic():
+        repair = transition(repair, Status.ABORTED, actor=actor, reason=comment, now=now,
+                            finished_at=now, outcome=f"aborted by {actor.get_username()}: "
+                                                     f"{comment} (node {after})")
+        RepairStep.objects.filter(repair=repair).exclude(
+            status__in=[StepStatus.DONE, StepStatus.FAILED]).update(next_check_at=None)
+        record_audit(actor, "repair.abort", repair, cluster=repair.cluster, request=request,
+                     changes={"comment": comment, "node": after}, now=now)
+        if not resume_node:
+            do_pause_node(repair.node, actor=actor, request=request, now=now,
+                          reason=f"repair #{repair.pk} aborted: {comment}"[:200])
+            return repair, f"{repair.node.name} stays paused."
+    try:
+        return repair, lift_drain(repair)
+    except ExecutorError as exc:
+        do_pause_node(repair.node, actor=None, now=now,
+                      reason=f"repair #{repair.pk} aborted; its drain could not be lifted: "
+                             f"{exc}"[:255])
+        return repair, f"{repair.node.name} could not be resumed in its scheduler ({exc}): " \
+                       f"it is paused."
+
+
+def lift_drain(repair):
+    """Resume the node in its scheduler if this repair's drain is still on it."""
+    scheduler = scheduler_for(repair.cluster)
+    name = repair.node.name
+    state = scheduler.node(name)
+    if not state.drained or state.reason != drain_reason(repair):
+        return f"{name} is back in service."
+    scheduler.resume(name)
+    return f"{name} is back in service ({scheduler.name} drain lifted)."
 
 
 def run_due_steps(now=None):

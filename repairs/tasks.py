@@ -3,10 +3,11 @@ from celery import shared_task
 from . import services, steps
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True)
-def run_repair_step(step_id):
-    """One step of a running repair (repairs.steps); safe to run again."""
-    steps.run_step(step_id)
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True)
+def run_repair_step(self, step_id):
+    """One step of a running repair (repairs.steps); safe to deliver again and at once: the
+    delivery (its task id) claims the step."""
+    steps.run_step(step_id, holder=self.request.id or "")
 
 
 @shared_task

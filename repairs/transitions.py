@@ -4,7 +4,7 @@ repair from one status to another.
     proposed  -> approved | rejected | resolved | superseded | cancelled
     approved  -> waiting | running | cancelled
     waiting   -> running | cancelled
-    running   -> succeeded | failed
+    running   -> succeeded | failed | aborted
 
 (approved -> running directly when the blast-radius limit does not hold it back.)
 """
@@ -24,13 +24,14 @@ ALLOWED = {
                       Status.CANCELLED},
     Status.APPROVED: {Status.WAITING, Status.RUNNING, Status.CANCELLED},
     Status.WAITING: {Status.RUNNING, Status.CANCELLED},
-    Status.RUNNING: {Status.SUCCEEDED, Status.FAILED},
+    Status.RUNNING: {Status.SUCCEEDED, Status.FAILED, Status.ABORTED},
     Status.SUCCEEDED: set(),
     Status.FAILED: set(),
     Status.REJECTED: set(),
     Status.RESOLVED: set(),
     Status.SUPERSEDED: set(),
     Status.CANCELLED: set(),
+    Status.ABORTED: set(),
 }
 
 

@@ -15,4 +15,5 @@ urlpatterns = [
     path("<uuid:public_id>/approve/", views.repair_approve, name="approve"),
     path("<uuid:public_id>/reject/", views.repair_reject, name="reject"),
     path("<uuid:public_id>/cancel/", views.repair_cancel, name="cancel"),
+    path("<uuid:public_id>/abort/", views.repair_abort, name="abort"),
 ]

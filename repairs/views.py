@@ -26,7 +26,13 @@ from nodes.queries import get_node_for_user
 from .choices import OPEN_STATUSES, Action, Status
 from .providers import ACTIONS as PROVIDER_ACTIONS
 from .filters import RepairHistoryFilter
-from .forms import CommentForm, ProposeRepairForm, RepairPolicyForm, RepairSettingsForm
+from .forms import (
+    AbortRepairForm,
+    CommentForm,
+    ProposeRepairForm,
+    RepairPolicyForm,
+    RepairSettingsForm,
+)
 from .models import Repair, RepairPolicy
 from .policy import DEFAULT_ACTIONS, THROTTLE_PERSISTS, THROTTLE_SIGNATURES, default_action
 from .queries import (
@@ -49,6 +55,7 @@ from .services import (
     do_update_repair_settings,
     settings_for,
 )
+from .steps import do_abort_repair
 from .transitions import Conflict, InvalidTransition
 
 HISTORY_PAGE_SIZE = 50
@@ -135,8 +142,8 @@ def already_message(repair, wanted):
     repair = Repair.objects.select_related("reviewed_by").get(pk=repair.pk)
     status = repair.get_status_display()
     if wanted == Status.CANCELLED and repair.status == Status.RUNNING:
-        return (f"Repair #{repair.pk} is running: a running repair cannot be cancelled; it "
-                f"ends when its steps do.")
+        return (f"Repair #{repair.pk} is running: a running repair cannot be cancelled; "
+                f"abort it instead (say why).")
     if repair.reviewed_at is not None:
         verdict = "rejected" if repair.status == Status.REJECTED else "approved"
         who = (repair.reviewed_by.get_username() if repair.reviewed_by
@@ -170,9 +177,15 @@ def act_on_repair(request, slug, public_id, service, wanted, verb):
             messages.warning(request, already_message(repair, wanted))
         else:
             messages.success(request, done_message(moved, verb))
+    return repair_response(request, slug, public_id)
+
+
+def repair_response(request, slug, public_id):
+    """After an action on a repair: htmx gets its block (and "repair-changed", so the page's
+    other sections follow); a plain form goes back to where it came from."""
+    repair = get_repair_for_user(request, slug, public_id)
     if not request.htmx:
         return redirect(safe_next(request, repair.get_absolute_url()))
-    repair = get_repair_for_user(request, slug, public_id)
     response = render(request, "repairs/_repair_response.html",
                       {"cluster": repair.cluster, "card": repair_cards([repair])[0],
                        "xids": catalog(), "back_url": request.htmx.current_url_abs_path})
@@ -206,6 +219,29 @@ def repair_reject(request, slug, public_id):
 def repair_cancel(request, slug, public_id):
     return act_on_repair(request, slug, public_id, do_cancel_repair, Status.CANCELLED,
                          "cancelled")
+
+
+@require_POST
+@require_role(Role.OPERATOR)
+def repair_abort(request, slug, public_id):
+    """Stop a running repair, saying why; its node stays paused or resumes, as chosen."""
+    repair = get_repair_for_user(request, slug, public_id)
+    form = AbortRepairForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, " ".join(error for errors in form.errors.values()
+                                         for error in errors))
+        return repair_response(request, slug, public_id)
+    try:
+        repair, node_text = do_abort_repair(
+            repair, actor=request.user, comment=form.cleaned_data["comment"],
+            resume_node=form.cleaned_data["node_after"] == "resume", request=request)
+    except (Conflict, InvalidTransition):
+        messages.warning(request, already_message(repair, Status.ABORTED))
+    except RepairRefused as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Repair #{repair.pk} aborted. {node_text}")
+    return repair_response(request, slug, public_id)
 
 
 # The node page's Repair section.

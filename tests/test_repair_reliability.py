@@ -23,6 +23,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+from celery import current_app
+from django.utils import timezone
 
 from clusterui.models import Cluster
 from clusterui.roles import Role
@@ -31,8 +33,8 @@ from nodes.choices import NodeState
 from nodes.models import AgentCommand, Node
 from nodes.services import do_issue_join_token
 from repairs.choices import Status, StepStatus
-from repairs.models import Repair, RepairSettings
-from repairs.services import do_approve_repair, do_propose_repair
+from repairs.models import Repair, RepairSettings, RepairStep
+from repairs.services import RUN_STEP_TASK, do_approve_repair, do_propose_repair
 
 from .integration import wait_until
 from .test_live_integration import joined_node
@@ -245,3 +247,40 @@ def test_a_failed_drain_fails_the_repair_with_slurms_reason_and_leaves_the_node_
     assert scontrol.calls() == ["show node gpu-009 -o"]
     assert not AgentCommand.objects.filter(node=node).exists()
     assert AGENT_REBOOT_LINE.replace("gpu-001", "gpu-009") not in agent.log_text()
+
+
+def test_a_step_delivered_many_times_at_once_to_several_workers_acts_once(stack, tmp_path):
+    """Two worker processes of four pool processes each get the act step of a reprovision
+    eight times at once (a beat tick, a retry, a duplicate): the provider's command, which
+    takes a second, runs once."""
+    calls = tmp_path / "provider-calls"
+    cluster = ClusterFactory(name="int-dup", slug="int-dup")
+    RepairSettings.objects.create(cluster=cluster, provider="command", provider_commands={
+        "reprovision": f"sleep 1; echo {{node}} >> {calls}"})
+    node = Node.objects.create(cluster=cluster, name="gpu-001", joined_at=timezone.now(),
+                               last_hello_at=timezone.now(), boot_id="boot-1")
+    operator = UserFactory(username="int-dup-op", role=Role.OPERATOR)
+    repair = do_approve_repair(do_propose_repair(node, action="reprovision", actor=operator,
+                                                 reason="test"), actor=operator)
+    # The drain is done (no scheduler): the act step is next, pending, not yet sent.
+    steps = list(repair.steps.order_by("position"))
+    RepairStep.objects.filter(pk=steps[0].pk).update(status=StepStatus.DONE,
+                                                    finished_at=timezone.now())
+    workers = [stack.celery("worker", "-P", "prefork", "-c", "4", "-n", f"dup{n}@%h",
+                            "--without-heartbeat", "--without-gossip", "--without-mingle")
+               for n in range(2)]
+    for worker in workers:
+        wait_until(lambda w=worker: w.check_running() or " ready." in w.log_text(),
+                   timeout=60, what="the Celery worker is ready")
+
+    for _ in range(8):
+        current_app.send_task(RUN_STEP_TASK, args=[steps[1].pk])
+
+    act = wait_until(lambda: RepairStep.objects.filter(pk=steps[1].pk,
+                                                       status=StepStatus.DONE).first(),
+                     timeout=60, what="the act step is done")
+    time.sleep(3)  # the other seven deliveries have had their turn
+    assert calls.read_text() == "gpu-001\n"
+    assert act.attempts == 1
+    received = sum(worker.log_text().count("run_repair_step[") for worker in workers)
+    assert received >= 8, "each delivery reached a worker"

@@ -14,7 +14,7 @@ from django.test import Client
 from django.urls import get_resolver
 from django.utils import timezone
 
-from clusterui.models import AuditEntry
+from clusterui.models import AuditEntry, Cluster
 from clusterui.roles import Role
 from clusterui.tests.factories import UserFactory
 from clusterui.tests.test_authorization_matrix import (  # noqa: F401 (fixtures)
@@ -26,6 +26,7 @@ from clusterui.tests.test_authorization_matrix import (  # noqa: F401 (fixtures)
 )
 from nodes.models import Node
 from nodes.services import do_pause_node, do_record_hello
+from repairs.models import Repair
 
 SOURCE_IP = "10.20.30.40"
 
@@ -52,6 +53,14 @@ class Audited:
     object_type: str
     before_after: bool = False  # a settings change: each changed field's before and after
     setup: object = None  # makes the POST a change (a paused node to resume)
+
+
+def run_the_repair(world):
+    """A running repair, the one abort stops, on a cluster without a scheduler (there is no
+    drain to lift: resuming its node is the abort's only change)."""
+    repair = Repair.objects.filter(public_id=world["repair"])
+    repair.update(status="running", started_at=timezone.now())
+    Cluster.objects.filter(repairs__in=repair).update(scheduler="none")
 
 
 AUDITED = {
@@ -84,6 +93,7 @@ AUDITED = {
     "repairs:approve": Audited("repair.approve", "repairs.repair"),
     "repairs:reject": Audited("repair.reject", "repairs.repair"),
     "repairs:cancel": Audited("repair.cancel", "repairs.repair"),
+    "repairs:abort": Audited("repair.abort", "repairs.repair", setup=run_the_repair),
     "logout": Audited("user.sign_out", "auth.user"),
 }
 # Sign-ins are posted by someone not yet signed in: their entries (who, from where, refused

@@ -162,6 +162,8 @@ TABLE = {
     "repairs:approve": Row(get=not_allowed(), post=needs(OPERATE, 302), public_id="repair"),
     "repairs:reject": Row(get=not_allowed(), post=needs(OPERATE, 302), public_id="repair"),
     "repairs:cancel": Row(get=not_allowed(), post=needs(OPERATE, 302), public_id="repair"),
+    "repairs:abort": Row(get=not_allowed(), post=needs(OPERATE, 302), public_id="repair",
+                         data={"comment": "wrong node", "node_after": "resume"}),
 }
 
 # Browser and agent WebSocket routes, and the test of each one's guard.

@@ -17,7 +17,7 @@ EXPECTED = {
     ("proposed", "superseded"), ("proposed", "cancelled"),
     ("approved", "waiting"), ("approved", "running"), ("approved", "cancelled"),
     ("waiting", "running"), ("waiting", "cancelled"),
-    ("running", "succeeded"), ("running", "failed"),
+    ("running", "succeeded"), ("running", "failed"), ("running", "aborted"),
 }
 
 
