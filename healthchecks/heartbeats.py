@@ -4,8 +4,10 @@ The publisher writes last_seen once a second for every node heard from. A node t
 hello and has been silent for CLUSTERUI_HEARTBEAT_INTERVALS sample intervals gets an open
 `heartbeat_lost` event (unhealthy, or still paused); when it is heard from again, the event
 closes. Silence is measured up to the publisher's last tick (a console that stopped
-listening says nothing about its nodes), and only once agents have had time to reconnect
-after it started (their backoff is capped at 30 s).
+listening says nothing about its nodes). After the publisher (re)starts, a node not heard
+from since gets time to reconnect (agents' backoff is capped at 30 s); one heard from since
+is judged at once: a handover of the publisher between server processes leaves the nodes
+it kept hearing watched.
 """
 
 from datetime import timedelta
@@ -26,27 +28,21 @@ def silence_limit():
                      * settings.CLUSTERUI_HEARTBEAT_INTERVALS)
 
 
-def listened_until(now):
-    """Up to when silence means something: the publisher's last tick, once agents had time
-    to reconnect after it started. None while that is not yet the case."""
-    status = PublisherStatus.objects.first()
-    grace = timedelta(seconds=settings.CLUSTERUI_HEARTBEAT_GRACE_S)
-    if status is None or now - status.started_at < grace + silence_limit():
-        return None
-    return min(now, status.seen_at)
-
-
 def sweep_heartbeats(now=None):
     now = now or timezone.now()
-    until = listened_until(now)
-    if until is None:
+    status = PublisherStatus.objects.first()
+    if status is None:
         return 0, 0
-    cutoff = until - silence_limit()
+    cutoff = min(now, status.seen_at) - silence_limit()
     lost_open = HealthEvent.objects.open().filter(signature=SIGNATURE)
     silent = (
         Node.objects.filter(last_hello_at__isnull=False, last_seen__lt=cutoff)
         .exclude(pk__in=lost_open.values("node_id"))
     )
+    grace = timedelta(seconds=settings.CLUSTERUI_HEARTBEAT_GRACE_S)
+    if now - status.started_at < grace + silence_limit():
+        # Agents are still reconnecting: only nodes heard from since the start are judged.
+        silent = silent.filter(last_seen__gte=status.started_at)
     opened = 0
     for node in silent:
         do_record_health_event(

@@ -53,6 +53,15 @@ PUBLISH_EVERY_S = 1.0
 FEED_EVERY_S = 0.2
 LEASE_KEY = "clusterui:publisher"
 LEASE_MS = 3000
+# Take the lease if it is free, or renew it if it is ours, in one step: between a read and a
+# renewal the lease could pass to another process, whose lease the renewal would extend.
+TAKE_OR_RENEW = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+    return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+"""
 FEED_READER = "publisher"
 
 
@@ -157,6 +166,7 @@ class Publisher:
         self.slow_gpus = SlowGpuWatch(slow_gpu_limits())
         self.gpu_models, self.gpu_models_read_at = {}, None
         self.leading = False
+        self.start_pending = False
         self.identity = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
     async def run(self):
@@ -170,20 +180,33 @@ class Publisher:
             except Exception:
                 logger.exception("live store flush failed; retrying")
             now = time.monotonic()
-            if now >= next_publish and (tick is None or tick.done()):
+            if now >= next_publish:
                 next_publish = max(next_publish + PUBLISH_EVERY_S, now)
-                tick = asyncio.create_task(self.tick())
+                # The lease is renewed every second, also while a long tick (the minute's
+                # rollups) still runs: leadership never lapses for being busy.
+                if await self.renew_lease():
+                    self.start_pending = True  # the next tick marks the (re)start
+                if self.leading and (tick is None or tick.done()):
+                    tick = asyncio.create_task(self.tick(self.start_pending))
+                    self.start_pending = False
             if self.leading and now >= next_feed and (feed is None or feed.done()):
                 next_feed = now + FEED_EVERY_S
                 feed = asyncio.create_task(self.push_changes())
             await asyncio.sleep(FLUSH_EVERY_S)
 
-    async def tick(self):
+    async def renew_lease(self):
+        """Whether this process leads now; True when it has just become the leader."""
+        was_leading = self.leading
         try:
-            leads = await self.holds_lease()
-            if leads:
-                await self.publish_once(just_started=not self.leading)
-            self.leading = leads
+            self.leading = await self.holds_lease()
+        except Exception:
+            logger.exception("renewing the publisher's lease failed; not leading")
+            self.leading = False
+        return self.leading and not was_leading
+
+    async def tick(self, just_started):
+        try:
+            await self.publish_once(just_started=just_started)
         except Exception:
             logger.exception("live publisher tick failed; retrying")
 
@@ -200,14 +223,8 @@ class Publisher:
         """Production: one publisher in the whole deployment, by a Redis lease it renews."""
         if not settings.REDIS_URL:
             return True
-        client = self.store.client
-        if await client.set(LEASE_KEY, self.identity, nx=True, px=LEASE_MS):
-            return True
-        holder = await client.get(LEASE_KEY)
-        if holder is not None and holder.decode() == self.identity:
-            await client.pexpire(LEASE_KEY, LEASE_MS)
-            return True
-        return False
+        held = await self.store.client.eval(TAKE_OR_RENEW, 1, LEASE_KEY, self.identity, LEASE_MS)
+        return bool(held)
 
     async def publish_once(self, now=None, just_started=False):
         now = now or datetime.now(tz=dt_timezone.utc)

@@ -451,3 +451,54 @@ def test_two_servers_share_one_live_store_and_one_publisher(stack):
     nodes = Node.objects.filter(cluster=cluster)
     assert sorted(nodes.values_list("name", flat=True)) == ["gpu-a", "gpu-b"]
     assert all(node.last_seen is not None for node in nodes)
+
+
+def test_a_killed_publisher_is_replaced_within_5_s_and_its_nodes_stay_watched(stack):
+    """Two server processes; the one leading the publisher is killed (SIGKILL, no goodbye).
+    The other takes the lease over within 5 s, and a node it keeps hearing that then goes
+    silent loses its heartbeat at once: the take-over's reconnection grace (30 s) is only
+    for the nodes it has not heard since."""
+    import redis
+
+    from healthchecks.heartbeats import sweep_heartbeats
+
+    cluster = ClusterFactory(name="int-handover", slug="int-handover")
+    _, join_token = do_issue_join_token(cluster)
+    first = stack.daphne("daphne-1")
+    # A server's publisher starts with its first connection.
+    gone = stack.agent("gpu-gone", first, token=join_token)
+    joined_node(cluster, "gpu-gone", agent=gone)
+
+    def holder():
+        with redis.Redis.from_url(stack.redis_url) as r:
+            value = r.get(LEASE_KEY)
+        return value.decode() if value else None
+
+    wait_until(lambda: (holder() or "").startswith(f"{first.pid}-"), timeout=20,
+               what="daphne-1 leads the publisher")
+    second = stack.daphne("daphne-2")
+    agent = stack.agent("gpu-kept", second, token=join_token)
+    node = joined_node(cluster, "gpu-kept", agent=agent)
+    wait_until(lambda: fresh(node).last_seen is not None, timeout=20,
+               what="gpu-kept's samples reach last_seen")
+
+    first.kill()
+    killed_at = time.time()
+    took_over = wait_until(lambda: (holder() or "").startswith(f"{second.pid}-")
+                           and PublisherStatus.objects.get().seen_at.timestamp() > killed_at
+                           and time.time(), timeout=10, what="daphne-2 takes the publisher over")
+    print(f"daphne-2 ticked as the publisher {took_over - killed_at:.1f} s after the kill")
+    assert took_over - killed_at <= 5.0
+    status = PublisherStatus.objects.get()
+    assert status.started_at.timestamp() > killed_at - 1  # a (re)start: the grace begins
+
+    wait_until(lambda: fresh(node).last_seen > status.started_at, timeout=10,
+               what="daphne-2 hears gpu-kept after taking over")
+    agent.kill()  # gpu-kept goes silent; the console heard it after the take-over
+    silent_from = time.time()
+    wait_until(lambda: sweep_heartbeats() and HealthEvent.objects.open().filter(
+        node=node, signature=HEARTBEAT_LOST).exists(), timeout=15,
+        what="gpu-kept's heartbeat_lost opens within the grace period")
+    assert time.time() - silent_from < settings.CLUSTERUI_HEARTBEAT_GRACE_S
+    # gpu-gone's server died with it: it is reconnecting, and has its grace.
+    assert not HealthEvent.objects.filter(node__name="gpu-gone").exists()

@@ -148,7 +148,7 @@ def test_a_silent_node_loses_its_heartbeat_and_gets_it_back(cluster, settings):
 @pytest.mark.django_db
 @pytest.mark.parametrize("started_ago, last_ran_ago", [
     (3600, 299),  # the console (its publisher) stopped with the node: nobody was listening
-    (10, 0),  # it just started: agents are still reconnecting
+    (10, 0),  # it just started, and has not heard the node since: it is reconnecting
 ])
 def test_silence_is_not_judged_while_nobody_listened(cluster, started_ago, last_ran_ago):
     now = timezone.now()
@@ -157,6 +157,21 @@ def test_silence_is_not_judged_while_nobody_listened(cluster, started_ago, last_
     assert sweep_heartbeats(now=now) == (0, 0)
     node.refresh_from_db()
     assert node.state == NodeState.HEALTHY
+
+
+@pytest.mark.django_db
+def test_after_a_start_or_handover_the_nodes_still_heard_are_judged_at_once(cluster):
+    """A publisher took over 10 s ago (its predecessor's server died with its agents): the
+    nodes the console kept hearing are watched; the ones reconnecting get their grace."""
+    now = timezone.now()
+    publisher_ran(started_ago=10, last_ran_ago=0, now=now)
+    kept = NodeFactory(cluster=cluster, name="kept", last_seen=now - timedelta(seconds=6))
+    reconnecting = NodeFactory(cluster=cluster, name="reconnecting",
+                               last_seen=now - timedelta(seconds=11))
+    assert sweep_heartbeats(now=now) == (1, 0)
+    assert HealthEvent.objects.open().get(signature="heartbeat_lost").node == kept
+    reconnecting.refresh_from_db()
+    assert reconnecting.state == NodeState.HEALTHY
 
 
 @pytest.mark.django_db
