@@ -387,6 +387,25 @@ else:
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "visibility_timeout": envint("CELERY_VISIBILITY_TIMEOUT_S", 1200)}
 
+# Three queues (DESIGN.md "Data flow"): the periodic sweeps (heartbeats, node states, due
+# repair steps, deadlines) on their own, so they never wait behind other work; the
+# providers' long commands (a reprovision may run 10 minutes) on another; everything else
+# on the default. A worker started without -Q takes all three; a deployment runs one worker
+# per queue (README "Running it in production"), as `make demo` does.
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+SWEEPS_QUEUE = "sweeps"
+PROVIDER_QUEUE = "provider"
+CELERY_TASK_QUEUES = {name: {} for name in (CELERY_TASK_DEFAULT_QUEUE, SWEEPS_QUEUE,
+                                            PROVIDER_QUEUE)}
+CELERY_TASK_ROUTES = {name: {"queue": SWEEPS_QUEUE} for name in (
+    "healthchecks.tasks.sweep_heartbeats",
+    "nodes.tasks.refresh_due_node_states",
+    "startup.tasks.end_overdue_boot_holds",
+    "healthchecks.tasks.sweep_health_events",
+    "healthchecks.tasks.expire_check_runs",
+    "nodes.tasks.expire_commands",
+    "repairs.tasks.advance_repairs",
+)}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

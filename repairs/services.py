@@ -6,6 +6,7 @@ import math
 from datetime import timedelta
 
 from celery import current_app
+from django.conf import settings as django_settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -19,7 +20,7 @@ from healthchecks.services import open_problem_events
 from nodes.choices import NodeState
 from nodes.models import Node
 
-from .choices import STEPS, Status, StepStatus, cost
+from .choices import STEPS, Action, Status, StepKind, StepStatus, cost
 from .live import announce_repair_change
 from .models import Repair, RepairPolicy, RepairSettings, RepairStep
 from .policy import choose_action, escalate, in_cooldown
@@ -270,9 +271,20 @@ def start_repair(repair, now=None):
 RUN_STEP_TASK = "repairs.tasks.run_repair_step"
 
 
+def step_queue(kind, action):
+    """The provider's commands (a reprovision, a failover, a removal: minutes) have a queue
+    of their own; every other step is short."""
+    if kind == StepKind.ACT and action != Action.REBOOT:
+        return django_settings.PROVIDER_QUEUE
+    return django_settings.CELERY_TASK_DEFAULT_QUEUE
+
+
 def enqueue_step(step_id):
     """Once committed, a worker runs the step (repairs.tasks.run_repair_step)."""
-    transaction.on_commit(lambda: current_app.send_task(RUN_STEP_TASK, args=[step_id]))
+    kind, action = RepairStep.objects.values_list("kind", "repair__action").get(pk=step_id)
+    queue = step_queue(kind, action)
+    transaction.on_commit(
+        lambda: current_app.send_task(RUN_STEP_TASK, args=[step_id], queue=queue))
 
 
 def start_waiting_repairs(now=None):

@@ -111,7 +111,12 @@ trap 'stop_all 130' INT
 trap 'stop_all 143' TERM
 trap '[ "$stopping" -eq 1 ] || [ "${#pids[@]}" -eq 0 ] || stop_all 1' EXIT
 
-start worker "$PY" -m celery -A clusterui worker --loglevel=WARNING --concurrency=1
+# One worker for the periodic sweeps (heartbeats, node states, due repair steps) alone, so
+# that they never wait behind other work; one for the rest (clusterui/settings.py's queues).
+start sweeps "$PY" -m celery -A clusterui worker --loglevel=WARNING --concurrency=1 \
+    --queues sweeps --hostname "sweeps@%h"
+start worker "$PY" -m celery -A clusterui worker --loglevel=WARNING --concurrency=1 \
+    --queues celery,provider --hostname "worker@%h"
 start beat "$PY" -m celery -A clusterui beat --loglevel=WARNING \
     --schedule "$DATA_DIR/celerybeat-schedule"
 start daphne "$PY" -m daphne -b "$HOST" -p "$PORT" clusterui.asgi:application
