@@ -1,9 +1,16 @@
 # Sourced by the benchmarks' run.sh: a throwaway PostgreSQL and Redis (scripts/services.sh),
 # stopped and removed again on exit, and production mode's environment pointed at them.
-# Sets PIN: the command prefix that runs a process on core 1, off the server's core 0
+# Sets PY (the virtualenv's python; `make test` builds it) and, with bench_production_up,
+# PIN: the command prefix that runs a process on core 1, off the server's core 0
 # (PostgreSQL and Redis are moved there too), or nothing on a one-core machine.
 #
 #   . bench/production.sh; bench_production_up; "${PIN[@]}" "$PY" bench/x/run.py
+
+PY=${PY:-.venv/bin/python}
+if [ ! -x "$PY" ]; then
+    echo "run.sh: $PY not found; run 'make test' once (it builds the virtualenv)" >&2
+    exit 2
+fi
 
 . scripts/services.sh
 

@@ -141,6 +141,8 @@ def already_message(repair, wanted):
     """What the second of two clicks finds: the repair as someone (or the system) left it."""
     repair = Repair.objects.select_related("reviewed_by").get(pk=repair.pk)
     status = repair.get_status_display()
+    if wanted == Status.ABORTED:
+        return f"Repair #{repair.pk} is {status} now: only a running repair can be aborted."
     if wanted == Status.CANCELLED and repair.status == Status.RUNNING:
         return (f"Repair #{repair.pk} is running: a running repair cannot be cancelled; "
                 f"abort it instead (say why).")

@@ -9,12 +9,6 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
-PY=${PY:-.venv/bin/python}
-if [ ! -x "$PY" ]; then
-    echo "run.sh: $PY not found; run 'make test' once (it builds the virtualenv)" >&2
-    exit 2
-fi
-
 . bench/production.sh
 
 if ! "$PY" -c 'import daphne, psutil, redis, websockets' 2>/dev/null; then

@@ -228,6 +228,10 @@ def test_the_abort_button_of_a_running_repair(client_for, operator, viewer, clus
     assert f'id="repair-{repair.public_id}"' in fragment.text and "Aborted" in fragment.text
     assert "repair-changed" in fragment.headers["HX-Trigger"]
     assert Repair.objects.get(pk=repair.pk).status == Status.ABORTED
+    again = client_for(operator).post(url, {"comment": "twice", "node_after": "paused"},
+                                      follow=True)
+    assert f"Repair #{repair.pk} is aborted now: only a running repair can be aborted." \
+        in again.text
     assert client_for(operator).get(url).status_code == 405
     assert client_for(viewer).post(url, {"comment": "x", "node_after": "paused"}).status_code == 403
 
