@@ -139,9 +139,10 @@ def test_what_a_worker_does_reaches_the_open_tab_and_the_agent_through_the_feed(
             for kind in kinds:
                 shown_done.setdefault(kind, time.time())
             return True
-        for index, kind in enumerate(kinds):
-            if kind not in shown_done and index < steps.count() and \
-                    "done" in steps.nth(index).locator(".badge").inner_text():
+        # One read that never waits: the card may leave Running between two reads.
+        badges = steps.locator(".badge").all_inner_texts()
+        for kind, badge in zip(kinds, badges):
+            if kind not in shown_done and "done" in badge:
                 shown_done[kind] = time.time()
         return len(shown_done) == len(kinds)
 
