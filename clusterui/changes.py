@@ -46,11 +46,19 @@ def record_change(kind, *, cluster_id, node_id=None, object_id="", now=None):
                           object_id=str(object_id), at=now or timezone.now())
 
 
+def record_changes(kind, rows, *, now=None):
+    """One change row per (cluster_id, node_id, object_id) of `rows`, in the caller's
+    transaction."""
+    at = now or timezone.now()
+    Change.objects.bulk_create([
+        Change(kind=kind, cluster_id=cluster_id, node_id=node_id, object_id=str(object_id),
+               at=at)
+        for cluster_id, node_id, object_id in rows], batch_size=500)
+
+
 def record_node_changes(kind, *, cluster_id, node_ids, now=None):
     """One change row per node, in the caller's transaction."""
-    at = now or timezone.now()
-    Change.objects.bulk_create([Change(kind=kind, cluster_id=cluster_id, node_id=node_id, at=at)
-                                for node_id in node_ids], batch_size=500)
+    record_changes(kind, [(cluster_id, node_id, "") for node_id in node_ids], now=now)
 
 
 def read_changes(reader, *, limit=READ_LIMIT, clock=time.time):

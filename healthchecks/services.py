@@ -2,6 +2,7 @@
 hands the node its health facts (refresh_health_facts); each change others react to appends
 a change row (the publisher pushes "health.changed", the recommender reads it)."""
 
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.db import IntegrityError, models, transaction
@@ -9,9 +10,10 @@ from django.db.models import F, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from clusterui.changes import Kind, record_change
+from clusterui.changes import Kind, record_change, record_changes
 from clusterui.services import record_audit
 from nodes import agent_work
+from nodes.models import Gpu, Node
 from nodes.states import refresh_node_state
 
 from .checks import ACCEPTANCE_CHECKS, AFTER_REBOOT_CHECKS, CHECKS, params_for
@@ -84,26 +86,27 @@ def refresh_health_facts(node, *, actor=None, reason="", now=None):
                               **health_facts(node, now))
 
 
-@transaction.atomic
-def do_record_health_event(
-    node, *, signature, severity, message="", gpu=None, evidence=None,
-    source=Source.PASSIVE, count=1, now=None,
-):
-    """Open an event, or raise the count of the open one with the same (node, GPU, signature).
+def _count_on(events, *, count, message, now):
+    """Count a repeat on the open event(s) of `events`; how many rows it changed."""
+    changes = {"count": F("count") + count, "last_seen": Greatest("last_seen", Value(now))}
+    if message:
+        changes["message"] = message
+    return events.open().update(**changes)
+
+
+def _open_or_count(node, *, signature, severity, message, gpu, evidence, source, count, now):
+    """(event, opened): open an event, or count on the open one with the same (node, GPU,
+    signature). Announced, the node's facts not yet refreshed.
 
     Safe under concurrency: the database allows one open event per (node, GPU, signature),
     and a signal that loses the race to open it counts on the winner's event.
     """
-    now = now or timezone.now()
-    same = HealthEvent.objects.open().filter(node=node, gpu=gpu, signature=signature)
-    changes = {"count": F("count") + count, "last_seen": Greatest("last_seen", Value(now))}
-    if message:
-        changes["message"] = message
+    same = HealthEvent.objects.filter(node=node, gpu=gpu, signature=signature)
     for _ in range(2):
-        if same.update(**changes):
-            event = same.get()
+        if _count_on(same, count=count, message=message, now=now):
+            event = same.open().get()
             announce_health_change(event)
-            return event
+            return event, False
         try:
             with transaction.atomic():
                 event = HealthEvent.objects.create(
@@ -114,23 +117,122 @@ def do_record_health_event(
         except IntegrityError:
             continue  # opened a moment ago by another worker: count on that one
         announce_health_change(event)
-        refresh_health_facts(node, reason=f"{signature} opened", now=now)
-        return event
+        return event, True
     raise RuntimeError(f"cannot record {signature} on {node}: the open event keeps changing")
+
+
+@transaction.atomic
+def do_record_health_event(
+    node, *, signature, severity, message="", gpu=None, evidence=None,
+    source=Source.PASSIVE, count=1, now=None,
+):
+    """Open an event, or raise the count of the open one with the same (node, GPU, signature)."""
+    now = now or timezone.now()
+    event, opened = _open_or_count(node, signature=signature, severity=severity,
+                                   message=message, gpu=gpu, evidence=evidence, source=source,
+                                   count=count, now=now)
+    if opened:
+        refresh_health_facts(node, reason=f"{signature} opened", now=now)
+    return event
+
+
+def _close(event, *, reason, actor, now):
+    """Close the event if it is open (announced); whether it was."""
+    closed = HealthEvent.objects.filter(pk=event.pk, closed_at__isnull=True).update(
+        closed_at=now, closed_reason=reason[:255], closed_by=actor
+    )
+    if closed:
+        announce_health_change(event)
+    return bool(closed)
 
 
 @transaction.atomic
 def do_close_health_event(event, *, reason, actor=None, now=None):
     now = now or timezone.now()
-    closed = HealthEvent.objects.filter(pk=event.pk, closed_at__isnull=True).update(
-        closed_at=now, closed_reason=reason[:255], closed_by=actor
-    )
+    closed = _close(event, reason=reason, actor=actor, now=now)
     if closed:
         refresh_health_facts(event.node, actor=actor,
                              reason=f"{event.signature} closed: {reason}", now=now)
-        announce_health_change(event)
     event.refresh_from_db()
-    return bool(closed)
+    return closed
+
+
+@dataclass
+class Signal:
+    """One report of a (node, GPU, signature): it happened `count` times, or it cleared."""
+
+    node: Node
+    signature: str
+    gpu: Gpu | None = None
+    severity: str = Severity.WARNING
+    message: str = ""
+    evidence: dict = field(default_factory=dict)
+    count: int = 1
+    cleared: bool = False
+    cleared_reason: str = ""
+
+    @property
+    def key(self):
+        return (self.node.pk, self.gpu.pk if self.gpu is not None else None, self.signature)
+
+
+@transaction.atomic
+def do_record_signals(signals, *, source=Source.PASSIVE, now=None):
+    """Many signals at once (a batch of agent events), each as do_record_health_event or
+    do_close_health_event would take it, in order. Cheaper than one at a time: the open
+    events are read once, consecutive repeats of one (node, GPU, signature) count in one
+    update, and each node whose events opened or closed has its facts refreshed once.
+
+    Returns, per signal, the event it opened, counted on or closed (None: a clear with
+    nothing open)."""
+    now = now or timezone.now()
+    nodes = {signal.node.pk: signal.node for signal in signals}
+    open_events = {
+        (event.node_id, event.gpu_id, event.signature): event
+        for event in HealthEvent.objects.open().filter(node_id__in=nodes).select_related("node")
+    }
+    # Runs of repeats merged: [first signal, summed count, last message, indexes covered].
+    merged, last_of_key = [], {}
+    for index, signal in enumerate(signals):
+        run = last_of_key.get(signal.key)
+        if run is not None and not signal.cleared and not run[0].cleared:
+            run[1] += signal.count
+            run[2] = signal.message or run[2]
+            run[3].append(index)
+            continue
+        run = [signal, signal.count, signal.message, [index]]
+        merged.append(run)
+        last_of_key[signal.key] = run
+    touched = [None] * len(signals)
+    counted, refresh = [], {}
+    for signal, count, message, indexes in merged:
+        event = open_events.get(signal.key)
+        if signal.cleared:
+            open_events.pop(signal.key, None)
+            if event is not None and _close(event, reason=signal.cleared_reason, actor=None,
+                                            now=now):
+                refresh.setdefault(signal.node.pk, f"{signal.signature} closed: "
+                                                   f"{signal.cleared_reason}")
+            else:
+                event = None
+        elif event is not None and _count_on(HealthEvent.objects.filter(pk=event.pk),
+                                             count=count, message=message, now=now):
+            counted.append(event)
+        else:
+            event, opened = _open_or_count(
+                signal.node, signature=signal.signature, severity=signal.severity,
+                message=message, gpu=signal.gpu, evidence=signal.evidence, source=source,
+                count=count, now=now)
+            open_events[signal.key] = event
+            if opened:
+                refresh.setdefault(signal.node.pk, f"{signal.signature} opened")
+        for index in indexes:
+            touched[index] = event
+    record_changes(Kind.HEALTH_EVENT, [(event.node.cluster_id, event.node_id, event.pk)
+                                       for event in counted], now=now)
+    for node_id, reason in refresh.items():
+        refresh_health_facts(nodes[node_id], reason=reason, now=now)
+    return touched
 
 
 @transaction.atomic

@@ -1,7 +1,8 @@
 """The agent WebSocket (/ws/agent/): PROTOCOL.md's server side.
 
-Thin: it authenticates, validates each frame (nodes.protocol), and hands hellos and events
-to nodes.ingest in a worker thread. Samples never touch the database.
+Thin: it authenticates, validates each frame (nodes.protocol), and hands hellos to
+nodes.ingest in a worker thread and events to the process's batch writer
+(nodes.event_batches). Samples never touch the database.
 """
 
 import asyncio
@@ -21,6 +22,7 @@ from clusterui.roles import Role, has_role
 from common.groups import agent_group, cluster_group
 
 from . import ingest
+from .event_batches import event_writer
 from .live import get_live_store, live_entry
 from .protocol import MAX_FRAME_BYTES, BadFrame, parse_frame
 from .publisher import ensure_publisher
@@ -205,7 +207,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
             frame, node_id=self.node_id, received_at=time.time(), memory_totals=self.memory_totals))
 
     async def on_event(self, frame):
-        await database_sync_to_async(ingest.ingest_event)(self.node_id, frame)
+        outcome = await event_writer().store(self.node_id, frame)
+        if outcome is ingest.EventOutcome.FAILED:
+            await self.send_frame({"type": "error", "code": "server_error",
+                                   "message": "the event was not stored; send it again later",
+                                   "retry_id": frame["id"]})
+            return
         await self.send_frame({"type": "ack", "ids": [frame["id"]]})
 
     async def on_check_result(self, frame):

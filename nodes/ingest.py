@@ -4,11 +4,14 @@ Synchronous functions, called from AgentConsumer through database_sync_to_async.
 never come here (they go to the live store); hellos, events, results and work frames do.
 """
 
+import enum
+import logging
 import uuid
+from collections import defaultdict
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from clusterui.services import record_audit
@@ -16,15 +19,15 @@ from healthchecks.catalog import policy_for
 from healthchecks.inventory import do_judge_inventory
 from healthchecks.services import (
     CHECK_RUNS,
-    do_close_health_event,
+    Signal,
     do_record_check_result,
-    do_record_health_event,
+    do_record_signals,
     start_checks_after_hello,
 )
 from startup.services import config_frame_for, do_hold_for_boot_scripts, do_record_script_run
 
 from . import agent_work
-from .models import AgentEventReceipt, AgentToken, Node
+from .models import AgentEventReceipt, AgentToken, Gpu, Node
 from .services import (
     COMMANDS,
     do_issue_node_token,
@@ -34,6 +37,8 @@ from .services import (
     find_usable_token,
 )
 from .states import note_on_timeline
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -111,36 +116,119 @@ def severity_of(frame, gpu):
     return frame["severity"]
 
 
-@transaction.atomic
+class EventOutcome(enum.Enum):
+    STORED = "stored"
+    DUPLICATE = "duplicate"  # received before: acked again, not stored twice
+    FAILED = "failed"  # not stored (the database or a bug): the agent sends it again
+
+
 def ingest_event(node_id, frame, now=None):
-    """Store an agent event once (by its id): open, count or clear the node's health event."""
+    """Store one agent event (ingest_events). True when it was new."""
+    (outcome,) = ingest_events([(node_id, frame)], now=now)
+    if outcome is EventOutcome.FAILED:
+        raise RuntimeError(f"event {frame['id']} was not stored (see the log)")
+    return outcome is EventOutcome.STORED
+
+
+def ingest_events(items, now=None):
+    """Store a batch of agent events, [(node_id, frame)], each once by its id: open, count or
+    clear the nodes' health events. Returns an EventOutcome per item.
+
+    One transaction for the batch; if it fails, each node's events are tried again in a
+    transaction of their own, so one node's bad event fails only that node's."""
     now = now or timezone.now()
-    event_id = uuid.UUID(frame["id"])
-    if AgentEventReceipt.objects.filter(event_id=event_id).exists():
-        return False
-    node = Node.objects.select_related("cluster").get(pk=node_id)
-    gpu_uuid = frame.get("gpu_uuid")
-    gpu = node.gpus.filter(uuid=gpu_uuid).first() if gpu_uuid else None
-    health_event = None
-    if frame.get("state") == "cleared":
-        open_event = node.health_events.open().filter(
-            gpu=gpu, signature=frame["signature"]).first()
-        if open_event is not None:
-            do_close_health_event(open_event, reason="cleared by the agent", now=now)
-            health_event = open_event
-    else:
-        evidence = {**(frame.get("detail") or {}), "agent_ts": frame["ts"],
-                    "agent_severity": frame["severity"]}
-        if gpu_uuid and gpu is None:
-            evidence["gpu_uuid"] = gpu_uuid
-        health_event = do_record_health_event(
-            node, signature=frame["signature"], severity=severity_of(frame, gpu),
-            message=frame["message"], gpu=gpu, evidence=evidence,
-            count=frame.get("count") or 1, now=now,
-        )
-    AgentEventReceipt.objects.create(event_id=event_id, node=node, received_at=now,
-                                     health_event=health_event)
-    return True
+    try:
+        with transaction.atomic():
+            return _ingest(items, now)
+    except Exception:
+        if len({node_id for node_id, _ in items}) == 1:
+            logger.exception("%d agent event(s) of one node not stored", len(items))
+            if not connection.in_atomic_block:
+                connection.close_if_unusable_or_obsolete()
+            return [EventOutcome.FAILED] * len(items)
+        logger.exception("a batch of %d agent events failed: storing it node by node",
+                         len(items))
+    if not connection.in_atomic_block:
+        connection.close_if_unusable_or_obsolete()  # a lost connection: the retries reconnect
+    outcomes = [None] * len(items)
+    by_node = defaultdict(list)
+    for index, (node_id, _) in enumerate(items):
+        by_node[node_id].append(index)
+    failed_nodes = 0
+    for node_id, indexes in by_node.items():
+        try:
+            with transaction.atomic():
+                node_outcomes = _ingest([items[index] for index in indexes], now)
+        except Exception:
+            failed_nodes += 1
+            if failed_nodes == 1:
+                logger.exception("agent events of node %s not stored", node_id)
+            node_outcomes = [EventOutcome.FAILED] * len(indexes)
+        for index, outcome in zip(indexes, node_outcomes):
+            outcomes[index] = outcome
+    if failed_nodes > 1:
+        logger.error("agent events of %d nodes not stored", failed_nodes)
+    return outcomes
+
+
+def _ingest(items, now):
+    event_ids = [uuid.UUID(frame["id"]) for _, frame in items]
+    claimed = claim_receipts(
+        dict(zip(event_ids, (node_id for node_id, _ in items))), now)
+    nodes = Node.objects.in_bulk({node_id for node_id, _ in items})
+    gpus = {(gpu.node_id, gpu.uuid): gpu
+            for gpu in Gpu.objects.filter(node_id__in=nodes)}
+    signals, stored = [], []
+    outcomes = [EventOutcome.DUPLICATE] * len(items)
+    for index, ((node_id, frame), event_id) in enumerate(zip(items, event_ids)):
+        if event_id not in claimed:
+            continue
+        claimed.discard(event_id)  # the same id twice in one batch: the second is a duplicate
+        gpu_uuid = frame.get("gpu_uuid")
+        gpu = gpus.get((node_id, gpu_uuid)) if gpu_uuid else None
+        if frame.get("state") == "cleared":
+            signal = Signal(node=nodes[node_id], signature=frame["signature"], gpu=gpu,
+                            cleared=True, cleared_reason="cleared by the agent")
+        else:
+            evidence = {**(frame.get("detail") or {}), "agent_ts": frame["ts"],
+                        "agent_severity": frame["severity"]}
+            if gpu_uuid and gpu is None:
+                evidence["gpu_uuid"] = gpu_uuid
+            signal = Signal(node=nodes[node_id], signature=frame["signature"], gpu=gpu,
+                            severity=severity_of(frame, gpu), message=frame["message"],
+                            evidence=evidence, count=frame.get("count") or 1)
+        signals.append(signal)
+        stored.append(event_id)
+        outcomes[index] = EventOutcome.STORED
+    touched = do_record_signals(signals, now=now)
+    links = [AgentEventReceipt(event_id=event_id, health_event=event)
+             for event_id, event in zip(stored, touched) if event is not None]
+    AgentEventReceipt.objects.bulk_update(links, ["health_event"], batch_size=500)
+    return outcomes
+
+
+def claim_receipts(node_of_event, now):
+    """Insert a receipt for each {event_id: node_id} not received before; the ids inserted
+    now. Of two transactions inserting one id, the second waits for the first to commit and
+    then gets nothing: an event is stored once however many connections resend it."""
+    if not node_of_event:
+        return set()
+    meta = AgentEventReceipt._meta
+    quote = connection.ops.quote_name
+    event_field, received_field = meta.pk, meta.get_field("received_at")
+    received_at = received_field.get_db_prep_value(now, connection)
+    params = []
+    for event_id, node_id in node_of_event.items():
+        params += [event_field.get_db_prep_value(event_id, connection), node_id, received_at]
+    values = ", ".join(["(%s, %s, %s)"] * len(node_of_event))
+    sql = (f"INSERT INTO {quote(meta.db_table)} ({quote(event_field.column)}, "
+           f"{quote(meta.get_field('node').column)}, {quote(received_field.column)}) "
+           f"VALUES {values} ON CONFLICT ({quote(event_field.column)}) DO NOTHING "
+           f"RETURNING {quote(event_field.column)}")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return {value if isinstance(value, uuid.UUID) else uuid.UUID(value)
+                for (value,) in cursor.fetchall()}
 
 
 # The kinds of work an agent is sent (nodes.agent_work), in the order a hello sends them.
