@@ -259,7 +259,8 @@ class Change(models.Model):
 
     class Kind(models.TextChoices):
         NODE_STATE = "node_state", "a node's state"
-        HEALTH_EVENT = "health_event", "a health event"
+        HEALTH_EVENT = "health_event", "a health event opened, closed or acknowledged"
+        HEALTH_REPEAT = "health_repeat", "a repeat counted on an open health event"
         REPAIR = "repair", "a repair"
         CHECK_RUN = "check_run", "a check run"
         SCRIPT_RUN = "script_run", "a startup script run"

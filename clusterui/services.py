@@ -57,7 +57,8 @@ def do_create_cluster(form, *, actor, request=None):
 @transaction.atomic
 def do_update_cluster(form, *, actor, request=None):
     """Save an edited configuration; the audit entry holds each changed field before/after."""
-    before = _configuration(Cluster.objects.select_for_update().get(pk=form.instance.pk))
+    before = _configuration(
+        Cluster.objects.select_for_update(no_key=True).get(pk=form.instance.pk))
     cluster = form.save()
     cluster.refresh_from_db()  # as stored: 2.1 and 2.1000 are one billing rate
     after = _configuration(cluster)

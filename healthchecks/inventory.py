@@ -81,7 +81,7 @@ def do_accept_gpu_inventory(node, *, actor, request=None, now=None):
     that settles close: an operator's decision, or a repair's verify step (actor None).
     Returns the InventoryReview it carried out; nothing changes unless it is acceptable."""
     now = now or timezone.now()
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     review = review_gpu_inventory(node)
     if not review.acceptable:
         return review

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.db import IntegrityError, models, transaction
-from django.db.models import F, Value
+from django.db.models import Case, Exists, F, OuterRef, Value, When
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
@@ -14,7 +14,7 @@ from clusterui.changes import Kind, record_change, record_changes
 from clusterui.services import record_audit
 from nodes import agent_work
 from nodes.models import Gpu, Node
-from nodes.states import refresh_node_state
+from nodes.states import refresh_node_states
 
 from .checks import ACCEPTANCE_CHECKS, AFTER_REBOOT_CHECKS, CHECKS, params_for
 from .choices import NODE_AFFECTING, Severity, Source
@@ -24,15 +24,22 @@ from .models import CheckRun, HealthEvent, Silence
 def open_problem_events(node, now):
     """The node's open warning/critical events, less signatures an operator silenced,
     critical before warning, then oldest first."""
-    silenced = Silence.objects.active(now).filter(node=node).values("signature")
+    return open_problem_events_of([node.pk], now)[node.pk]
+
+
+def open_problem_events_of(node_ids, now):
+    """open_problem_events() of many nodes in one query: {node_id: [event, ...]}."""
+    silenced = Silence.objects.active(now).filter(node=OuterRef("node"),
+                                                  signature=OuterRef("signature"))
+    events = {node_id: [] for node_id in node_ids}
     # "critical" sorts before "warning".
-    return list(
-        HealthEvent.objects.open()
-        .filter(node=node, severity__in=NODE_AFFECTING)
-        .exclude(signature__in=silenced)
-        .select_related("gpu")
-        .order_by("severity", "first_seen", "id")
-    )
+    for event in (HealthEvent.objects.open()
+                  .filter(node_id__in=list(node_ids), severity__in=NODE_AFFECTING)
+                  .exclude(Exists(silenced))
+                  .select_related("gpu")
+                  .order_by("severity", "first_seen", "id")):
+        events[event.node_id].append(event)
+    return events
 
 
 def describe_open_problems(events):
@@ -48,10 +55,11 @@ def describe_open_problems(events):
     return text
 
 
-def announce_health_change(event):
+def announce_health_change(event, kind=Kind.HEALTH_EVENT):
     """A change row for the event (in the caller's transaction): the open Health checks tabs
-    of its cluster re-fetch, and the recommender looks at its node again."""
-    record_change(Kind.HEALTH_EVENT, cluster_id=event.node.cluster_id, node_id=event.node_id,
+    of its cluster re-fetch, and, unless it is only a repeat counted (Kind.HEALTH_REPEAT:
+    no recommendation depends on a count), the recommender looks at its node again."""
+    record_change(kind, cluster_id=event.node.cluster_id, node_id=event.node_id,
                   object_id=event.pk)
 
 
@@ -67,58 +75,36 @@ def acceptance_detail(node):
     return "acceptance tests did not pass: " + ", ".join(failed) if failed else ""
 
 
-def health_facts(node, now):
-    """The node's facts this app owns (nodes.states.HANDED_DOWN)."""
-    checks_running = CheckRun.objects.unfinished().filter(
-        node=node, purpose=CheckRun.Purpose.AFTER_REBOOT, boot_id=node.boot_id).exists()
+def health_facts_of(node_ids, now):
+    """The facts this app owns (nodes.states.HANDED_DOWN) of each node: {node_id: facts}."""
+    nodes = Node.objects.in_bulk(list(node_ids))
+    problems = open_problem_events_of(nodes, now)
+    checks_running = set(
+        CheckRun.objects.unfinished()
+        .filter(node_id__in=list(nodes), purpose=CheckRun.Purpose.AFTER_REBOOT)
+        .values_list("node_id", "boot_id"))
     return {
-        "open_problem": describe_open_problems(open_problem_events(node, now)),
-        "acceptance_detail": acceptance_detail(node) if node.acceptance_required else "",
-        "checks_running_for_boot": node.boot_id if checks_running else "",
+        node.pk: {
+            "open_problem": describe_open_problems(problems[node.pk]),
+            "acceptance_detail": acceptance_detail(node) if node.acceptance_required else "",
+            "checks_running_for_boot": (node.boot_id if (node.pk, node.boot_id) in checks_running
+                                        else ""),
+        }
+        for node in nodes.values()
     }
 
 
 def refresh_health_facts(node, *, actor=None, reason="", now=None):
     """Hand the node its health facts and recompute its state (nodes.states)."""
+    return node.pk in refresh_health_facts_of({node.pk: reason}, actor=actor, now=now)
+
+
+def refresh_health_facts_of(reasons, *, actor=None, now=None):
+    """refresh_health_facts() of many nodes, {node_id: reason}, in a few queries. Returns the
+    ids whose state changed."""
     now = now or timezone.now()
-    node = type(node).objects.get(pk=node.pk)
-    return refresh_node_state(node, actor=actor, reason=reason, now=now,
-                              **health_facts(node, now))
-
-
-def _count_on(events, *, count, message, now):
-    """Count a repeat on the open event(s) of `events`; how many rows it changed."""
-    changes = {"count": F("count") + count, "last_seen": Greatest("last_seen", Value(now))}
-    if message:
-        changes["message"] = message
-    return events.open().update(**changes)
-
-
-def _open_or_count(node, *, signature, severity, message, gpu, evidence, source, count, now):
-    """(event, opened): open an event, or count on the open one with the same (node, GPU,
-    signature). Announced, the node's facts not yet refreshed.
-
-    Safe under concurrency: the database allows one open event per (node, GPU, signature),
-    and a signal that loses the race to open it counts on the winner's event.
-    """
-    same = HealthEvent.objects.filter(node=node, gpu=gpu, signature=signature)
-    for _ in range(2):
-        if _count_on(same, count=count, message=message, now=now):
-            event = same.open().get()
-            announce_health_change(event)
-            return event, False
-        try:
-            with transaction.atomic():
-                event = HealthEvent.objects.create(
-                    node=node, gpu=gpu, signature=signature, severity=severity, source=source,
-                    message=message, evidence=evidence or {}, first_seen=now, last_seen=now,
-                    count=count,
-                )
-        except IntegrityError:
-            continue  # opened a moment ago by another worker: count on that one
-        announce_health_change(event)
-        return event, True
-    raise RuntimeError(f"cannot record {signature} on {node}: the open event keeps changing")
+    return refresh_node_states(health_facts_of(reasons, now), actor=actor, reasons=reasons,
+                               now=now)
 
 
 @transaction.atomic
@@ -127,23 +113,15 @@ def do_record_health_event(
     source=Source.PASSIVE, count=1, now=None,
 ):
     """Open an event, or raise the count of the open one with the same (node, GPU, signature)."""
-    now = now or timezone.now()
-    event, opened = _open_or_count(node, signature=signature, severity=severity,
-                                   message=message, gpu=gpu, evidence=evidence, source=source,
-                                   count=count, now=now)
-    if opened:
-        refresh_health_facts(node, reason=f"{signature} opened", now=now)
-    return event
+    signal = Signal(node=node, signature=signature, gpu=gpu, severity=severity,
+                    message=message, evidence=evidence or {}, count=count)
+    return do_record_signals([signal], source=source, now=now)[0]
 
 
 def _close(event, *, reason, actor, now):
-    """Close the event if it is open (announced); whether it was."""
-    closed = HealthEvent.objects.filter(pk=event.pk, closed_at__isnull=True).update(
-        closed_at=now, closed_reason=reason[:255], closed_by=actor
-    )
-    if closed:
-        announce_health_change(event)
-    return bool(closed)
+    """Close the event if it is open; whether it was."""
+    return bool(HealthEvent.objects.filter(pk=event.pk, closed_at__isnull=True).update(
+        closed_at=now, closed_reason=reason[:255], closed_by=actor))
 
 
 @transaction.atomic
@@ -151,6 +129,7 @@ def do_close_health_event(event, *, reason, actor=None, now=None):
     now = now or timezone.now()
     closed = _close(event, reason=reason, actor=actor, now=now)
     if closed:
+        announce_health_change(event)
         refresh_health_facts(event.node, actor=actor,
                              reason=f"{event.signature} closed: {reason}", now=now)
     event.refresh_from_db()
@@ -176,63 +155,177 @@ class Signal:
         return (self.node.pk, self.gpu.pk if self.gpu is not None else None, self.signature)
 
 
+@dataclass
+class _Run:
+    """Consecutive signals of one key taken as one: repeats summed, or one clear."""
+
+    signal: Signal
+    count: int
+    message: str
+    indexes: list
+
+
 @transaction.atomic
 def do_record_signals(signals, *, source=Source.PASSIVE, now=None):
-    """Many signals at once (a batch of agent events), each as do_record_health_event or
-    do_close_health_event would take it, in order. Cheaper than one at a time: the open
-    events are read once, consecutive repeats of one (node, GPU, signature) count in one
-    update, and each node whose events opened or closed has its facts refreshed once.
+    """Signals, in order, each as one at a time would take it: a repeat counts on the open
+    event of its (node, GPU, signature), else opens one; a clear closes the open one. Built
+    for a batch of agent events: consecutive repeats of a key are summed, and each kind of
+    write is one query for the whole batch (round by round where a key opens and clears
+    more than once); each node whose events opened or closed has its facts refreshed once.
+
+    Safe under concurrency: the database allows one open event per (node, GPU, signature);
+    a signal that loses the race to open it counts on the winner's event.
 
     Returns, per signal, the event it opened, counted on or closed (None: a clear with
     nothing open)."""
     now = now or timezone.now()
-    nodes = {signal.node.pk: signal.node for signal in signals}
+    node_ids = {signal.node.pk for signal in signals}
     open_events = {
         (event.node_id, event.gpu_id, event.signature): event
-        for event in HealthEvent.objects.open().filter(node_id__in=nodes).select_related("node")
+        for event in HealthEvent.objects.open().filter(node_id__in=node_ids)
+        .select_related("node").only("node_id", "gpu_id", "signature", "node__cluster_id")
     }
-    # Runs of repeats merged: [first signal, summed count, last message, indexes covered].
-    merged, last_of_key = [], {}
+    runs_of_key = {}
     for index, signal in enumerate(signals):
-        run = last_of_key.get(signal.key)
-        if run is not None and not signal.cleared and not run[0].cleared:
-            run[1] += signal.count
-            run[2] = signal.message or run[2]
-            run[3].append(index)
-            continue
-        run = [signal, signal.count, signal.message, [index]]
-        merged.append(run)
-        last_of_key[signal.key] = run
-    touched = [None] * len(signals)
-    counted, refresh = [], {}
-    for signal, count, message, indexes in merged:
-        event = open_events.get(signal.key)
-        if signal.cleared:
-            open_events.pop(signal.key, None)
-            if event is not None and _close(event, reason=signal.cleared_reason, actor=None,
-                                            now=now):
-                refresh.setdefault(signal.node.pk, f"{signal.signature} closed: "
-                                                   f"{signal.cleared_reason}")
-            else:
-                event = None
-        elif event is not None and _count_on(HealthEvent.objects.filter(pk=event.pk),
-                                             count=count, message=message, now=now):
-            counted.append(event)
+        runs = runs_of_key.setdefault(signal.key, [])
+        if runs and not signal.cleared and not runs[-1].signal.cleared:
+            runs[-1].count += signal.count
+            runs[-1].message = signal.message or runs[-1].message
+            runs[-1].indexes.append(index)
         else:
-            event, opened = _open_or_count(
-                signal.node, signature=signal.signature, severity=signal.severity,
-                message=message, gpu=signal.gpu, evidence=signal.evidence, source=source,
-                count=count, now=now)
-            open_events[signal.key] = event
-            if opened:
-                refresh.setdefault(signal.node.pk, f"{signal.signature} opened")
-        for index in indexes:
-            touched[index] = event
-    record_changes(Kind.HEALTH_EVENT, [(event.node.cluster_id, event.node_id, event.pk)
-                                       for event in counted], now=now)
-    for node_id, reason in refresh.items():
-        refresh_health_facts(nodes[node_id], reason=reason, now=now)
+            runs.append(_Run(signal, signal.count, signal.message, [index]))
+    touched = [None] * len(signals)
+    announced = {Kind.HEALTH_EVENT: [], Kind.HEALTH_REPEAT: []}
+    refresh = {}
+    for round_index in range(max(map(len, runs_of_key.values()), default=0)):
+        this_round = [runs[round_index] for runs in runs_of_key.values()
+                      if len(runs) > round_index]
+        closed = _close_runs([run for run in this_round if run.signal.cleared], open_events,
+                             now)
+        counted, to_open = _count_runs(
+            [run for run in this_round if not run.signal.cleared], open_events, now)
+        opened, counted_on_winner = _open_runs(to_open, source, open_events, now)
+        for run, event in closed:
+            announced[Kind.HEALTH_EVENT].append(event)
+            refresh.setdefault(event.node_id, f"{event.signature} closed: "
+                                              f"{run.signal.cleared_reason}")
+        for run, event in opened:
+            announced[Kind.HEALTH_EVENT].append(event)
+            refresh.setdefault(event.node_id, f"{event.signature} opened")
+        for run, event in counted + counted_on_winner:
+            announced[Kind.HEALTH_REPEAT].append(event)
+        for run, event in closed + counted + opened + counted_on_winner:
+            for index in run.indexes:
+                touched[index] = event
+    for kind, events in announced.items():
+        record_changes(kind, [(event.node.cluster_id, event.node_id, event.pk)
+                              for event in events], now=now)
+    if refresh:
+        refresh_health_facts_of(refresh, now=now)
     return touched
+
+
+def _close_runs(runs, open_events, now):
+    """[(run, event)] of the clears that closed an open event, in one update per reason."""
+    by_reason = {}
+    for run in runs:
+        event = open_events.pop(run.signal.key, None)
+        if event is not None:
+            by_reason.setdefault(run.signal.cleared_reason, []).append((run, event))
+    closed = []
+    for reason, pairs in by_reason.items():
+        ids = [event.pk for _, event in pairs]
+        updated = HealthEvent.objects.filter(pk__in=ids, closed_at__isnull=True).update(
+            closed_at=now, closed_reason=reason[:255])
+        if updated < len(ids):  # some closed since they were read: not by this clear
+            ids = set(HealthEvent.objects.filter(pk__in=ids, closed_at=now,
+                                                 closed_reason=reason[:255])
+                      .values_list("pk", flat=True))
+        closed += [(run, event) for run, event in pairs if event.pk in ids]
+    return closed
+
+
+def _count_runs(runs, open_events, now):
+    """Count the runs on their keys' open events in one update: ([(run, event)] counted,
+    [run] whose key has no open event, or whose event closed meanwhile)."""
+    on_open = [(run, open_events[run.signal.key]) for run in runs
+               if run.signal.key in open_events]
+    to_open = [run for run in runs if run.signal.key not in open_events]
+    if not on_open:
+        return [], to_open
+    ids = [event.pk for _, event in on_open]
+    changes = {
+        "count": F("count") + Case(*[When(pk=event.pk, then=Value(run.count))
+                                     for run, event in on_open],
+                                   output_field=models.IntegerField()),
+        "last_seen": Greatest("last_seen", Value(now)),
+    }
+    messages = [When(pk=event.pk, then=Value(run.message)) for run, event in on_open
+                if run.message]
+    if messages:
+        changes["message"] = Case(*messages, default=F("message"))
+    updated = HealthEvent.objects.filter(pk__in=ids, closed_at__isnull=True).update(**changes)
+    if updated == len(ids):
+        return on_open, to_open
+    # Some closed since they were read (an operator, a sweep): those open a new event.
+    still_open = set(HealthEvent.objects.open().filter(pk__in=ids).values_list("pk", flat=True))
+    for run, event in on_open:
+        if event.pk not in still_open:
+            open_events.pop(run.signal.key)
+            to_open.append(run)
+    return [(run, event) for run, event in on_open if event.pk in still_open], to_open
+
+
+def _open_runs(runs, source, open_events, now):
+    """Open an event per run, in one insert: ([(run, event)] opened, [(run, event)] counted
+    on an event another writer opened first)."""
+    if not runs:
+        return [], []
+    new = [HealthEvent(node=run.signal.node, gpu=run.signal.gpu, signature=run.signal.signature,
+                       severity=run.signal.severity, source=source, message=run.message,
+                       evidence=run.signal.evidence, first_seen=now, last_seen=now,
+                       count=run.count) for run in runs]
+    try:
+        with transaction.atomic():
+            events = HealthEvent.objects.bulk_create(new)
+    except IntegrityError:  # one of them was opened a moment ago elsewhere: one at a time
+        return _open_runs_one_by_one(runs, source, open_events, now)
+    opened = list(zip(runs, events))
+    for run, event in opened:
+        open_events[run.signal.key] = event
+    return opened, []
+
+
+def _open_runs_one_by_one(runs, source, open_events, now):
+    opened, counted = [], []
+    for run in runs:
+        signal = run.signal
+        same = HealthEvent.objects.open().filter(node=signal.node, gpu=signal.gpu,
+                                                 signature=signal.signature)
+        for _ in range(2):
+            event = same.select_related("node").first()
+            if event is not None:
+                done, _ = _count_runs([run], {signal.key: event}, now)
+                if done:
+                    counted.append((run, event))
+                    break
+                continue
+            try:
+                with transaction.atomic():
+                    event = HealthEvent.objects.create(
+                        node=signal.node, gpu=signal.gpu, signature=signal.signature,
+                        severity=signal.severity, source=source, message=run.message,
+                        evidence=signal.evidence, first_seen=now, last_seen=now,
+                        count=run.count)
+            except IntegrityError:
+                continue  # opened a moment ago by another writer: count on that one
+            opened.append((run, event))
+            break
+        else:
+            raise RuntimeError(f"cannot record {signal.signature} on {signal.node}: the open "
+                               f"event keeps changing")
+        open_events[signal.key] = event
+    return opened, counted
 
 
 @transaction.atomic
@@ -347,7 +440,7 @@ def do_request_check(node, check_name, *, purpose=CheckRun.Purpose.ON_DEMAND, ac
     if check_name not in CHECKS:
         raise ValueError(f"unknown check {check_name!r}")
     now = now or timezone.now()
-    node = type(node).objects.select_for_update().get(pk=node.pk)
+    node = type(node).objects.select_for_update(no_key=True).get(pk=node.pk)
     running = CheckRun.objects.unfinished().filter(
         node=node, check_name=check_name, purpose=purpose).first()
     if running is not None:

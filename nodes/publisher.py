@@ -97,6 +97,10 @@ def record_tick(seen, now, *, just_started):
     for node_id, received_at in seen.items():
         by_tenth.setdefault(math.ceil(received_at * 10), []).append(node_id)
     with transaction.atomic():
+        # The rows locked first, in id order, as every writer of many nodes does: two
+        # transactions never each hold a node the other waits for.
+        list(Node.objects.filter(pk__in=list(seen)).order_by("pk")
+             .select_for_update(no_key=True).values_list("pk", flat=True))
         for tenth, node_ids in by_tenth.items():
             at = datetime.fromtimestamp(tenth / 10, tz=dt_timezone.utc)
             Node.objects.filter(pk__in=node_ids).update(last_seen=at)
@@ -109,6 +113,7 @@ def record_tick(seen, now, *, just_started):
 # show through the summary's timeline head).
 BROWSER_MESSAGES = {
     Kind.HEALTH_EVENT: "health.changed",
+    Kind.HEALTH_REPEAT: "health.changed",
     Kind.REPAIR: "repair.changed",
     Kind.CHECK_RUN: "check.changed",
 }

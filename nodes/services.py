@@ -40,7 +40,7 @@ def do_record_hello(node, *, boot_id, agent_version="", gpus=(), slurm=None, now
     after this).
     """
     now = now or timezone.now()
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     rebooted = boot_id != node.boot_id
     hello = [hello_gpu(gpu) for gpu in gpus]
     Node.objects.filter(pk=node.pk).update(
@@ -119,7 +119,8 @@ def do_set_node_role(node, role, *, actor, request=None, now=None):
     (an AGENT_CONFIG change, as a script save makes). An unknown role raises ValueError."""
     if role not in NodeRole.values:
         raise ValueError(f"unknown node role {role!r}: one of {', '.join(NodeRole.values)}")
-    before = Node.objects.select_for_update().values_list("role", flat=True).get(pk=node.pk)
+    before = (Node.objects.select_for_update(no_key=True).values_list("role", flat=True)
+              .get(pk=node.pk))
     if before == role:
         node.role = role
         return False
@@ -287,7 +288,7 @@ def do_send_command(node, action, *, params=None, actor=None, deadline_s=None, r
     if action not in AgentCommand.Action.values:
         raise ValueError(f"unknown command action {action!r}")
     now = now or timezone.now()
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     unfinished = AgentCommand.objects.unfinished().filter(node=node, action=action).first()
     if unfinished is not None:
         return unfinished

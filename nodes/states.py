@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from clusterui.changes import Kind, record_change
+from clusterui.changes import Kind, record_changes
 from clusterui.services import actor_name
 
 from .choices import NodeState
@@ -93,39 +93,54 @@ def refresh_node_state(node, *, actor=None, reason="", now=None, **facts):
 
     Call inside the transaction that changed the facts. Returns True when the state changed.
     """
-    unknown = set(facts) - set(HANDED_DOWN)
-    if unknown:
-        raise TypeError(f"not a handed-down node fact: {', '.join(sorted(unknown))}")
+    changed = refresh_node_states({node.pk: facts}, actor=actor, reasons={node.pk: reason},
+                                  now=now)
+    return node.pk in changed
+
+
+def refresh_node_states(facts_of_node, *, actor=None, reasons=None, now=None):
+    """refresh_node_state() for many nodes at once: {node_id: handed-down facts} and
+    {node_id: reason}. Their rows are locked in one query, in id order (as every writer of
+    many nodes takes them, so none waits on another in a cycle), and only their rows: their
+    cluster's would make every refresh in a cluster queue. Returns the ids whose state
+    changed."""
+    for facts in facts_of_node.values():
+        unknown = set(facts) - set(HANDED_DOWN)
+        if unknown:
+            raise TypeError(f"not a handed-down node fact: {', '.join(sorted(unknown))}")
     now = now or timezone.now()
-    facts = {name: value[:255] for name, value in facts.items()}
+    reasons = reasons or {}
+    changed, transitions, updated, fields = [], [], [], set()
     with transaction.atomic():
-        # Only the node's row: its cluster's would make every refresh in a cluster queue.
-        node = Node.objects.select_for_update().get(pk=node.pk)
-        if facts:
-            Node.objects.filter(pk=node.pk).update(**facts)
-            for name, value in facts.items():
+        nodes = (Node.objects.filter(pk__in=list(facts_of_node)).order_by("pk")
+                 .select_for_update(no_key=True))
+        for node in nodes:
+            updates = {name: value[:255] for name, value in facts_of_node[node.pk].items()
+                       if getattr(node, name) != value[:255]}
+            for name, value in updates.items():
                 setattr(node, name, value)
-        state, state_reason = compute_state(facts_for(node, now))
-        if state == node.state and state_reason == node.state_reason:
-            return False
-        if state == node.state:
-            Node.objects.filter(pk=node.pk).update(state_reason=state_reason)
-            return False
-        Node.objects.filter(pk=node.pk).update(
-            state=state, state_reason=state_reason, state_changed_at=now
-        )
-        NodeTransition.objects.create(
-            cluster_id=node.cluster_id,
-            node=node,
-            from_state=node.state,
-            to_state=state,
-            reason=(reason or state_reason)[:255],
-            actor=actor,
-            actor_name=actor_name(actor),
-            at=now,
-        )
-        record_change(Kind.NODE_STATE, cluster_id=node.cluster_id, node_id=node.pk, now=now)
-        return True
+            state, state_reason = compute_state(facts_for(node, now))
+            if state_reason != node.state_reason:
+                updates["state_reason"] = state_reason
+            if state != node.state:
+                updates.update(state=state, state_changed_at=now)
+                reason = reasons.get(node.pk) or state_reason
+                transitions.append(NodeTransition(
+                    cluster_id=node.cluster_id, node=node, from_state=node.state, to_state=state,
+                    reason=reason[:255], actor=actor, actor_name=actor_name(actor), at=now))
+                changed.append(node)
+            for name, value in updates.items():
+                setattr(node, name, value)
+            if updates:
+                updated.append(node)
+                fields.update(updates)
+        # One update for them all: each row gets its own values (the rows are locked).
+        if updated:
+            Node.objects.bulk_update(updated, sorted(fields), batch_size=500)
+        NodeTransition.objects.bulk_create(transitions, batch_size=500)
+        record_changes(Kind.NODE_STATE, [(node.cluster_id, node.pk, "") for node in changed],
+                       now=now)
+    return {node.pk for node in changed}
 
 
 def refresh_due_node_states(now=None):

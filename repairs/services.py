@@ -71,7 +71,8 @@ def refresh_recommendation(node, now=None):
     per node; a costlier recommendation supersedes a proposed one; none while the node is in
     cooldown or a repair is already approved or running. Returns the node's open repair."""
     now = now or timezone.now()
-    node = Node.objects.select_for_update(of=("self",)).select_related("cluster").get(pk=node.pk)
+    node = (Node.objects.select_for_update(of=("self",), no_key=True)
+            .select_related("cluster").get(pk=node.pk))
     current = node.repairs.open().first()
     if current is not None and current.status != Status.PROPOSED:
         return current
@@ -120,15 +121,19 @@ def _refresh_recommendations_of(nodes, now):
 RECOMMENDER = "recommender"
 
 
-@transaction.atomic
 def recommend_from_changes(now=None):
-    """The recommender, once per tick: the nodes whose health events changed since its last
-    read (the change feed), each refreshed once however many events it had. Returns how
-    many got a new repair."""
+    """The recommender, once per tick: the nodes whose health events opened or closed since
+    its last read (the change feed), each refreshed once however many events it had, in a
+    transaction of its own (one transaction for them all would hold every node's row until
+    the last one is done). Returns how many got a new repair.
+
+    The feed's cursor moves first: a worker lost in the middle leaves its nodes to the
+    minute's sweep (refresh_recommendations)."""
     now = now or timezone.now()
-    node_ids = {change.node_id for change in read_changes(RECOMMENDER)
-                if change.kind == Kind.HEALTH_EVENT and change.node_id is not None}
-    return _refresh_recommendations_of(Node.objects.filter(pk__in=node_ids), now)
+    with transaction.atomic():
+        node_ids = {change.node_id for change in read_changes(RECOMMENDER)
+                    if change.kind == Kind.HEALTH_EVENT and change.node_id is not None}
+    return _refresh_recommendations_of(Node.objects.filter(pk__in=node_ids).order_by("pk"), now)
 
 
 def refresh_recommendations(now=None):
@@ -164,7 +169,8 @@ def resolve_quiet_recommendations(now=None):
 def do_propose_repair(node, *, action, actor, reason, request=None, now=None):
     """An operator proposes a repair by hand; it waits for approval like any other."""
     now = now or timezone.now()
-    node = Node.objects.select_for_update(of=("self",)).select_related("cluster").get(pk=node.pk)
+    node = (Node.objects.select_for_update(of=("self",), no_key=True)
+            .select_related("cluster").get(pk=node.pk))
     current = node.repairs.open().first()
     if current is not None:
         raise RepairRefused(f"{node.name} already has repair #{current.pk} "
@@ -239,11 +245,11 @@ def start_repair(repair, now=None):
     """Run an approved or waiting repair now, or hold it back (waiting) while the
     blast-radius limit says so. Returns the repair."""
     now = now or timezone.now()
-    node = Node.objects.select_for_update().get(pk=repair.node_id)
+    node = Node.objects.select_for_update(no_key=True).get(pk=repair.node_id)
     # The cluster-wide lock (after the node's, the order every path takes): the blast-radius
     # count and the decision to start are one at a time per cluster, so starts at once on
     # several workers never put more than the limit out of service.
-    Cluster.objects.select_for_update().only("pk").get(pk=repair.cluster_id)
+    Cluster.objects.select_for_update(no_key=True).only("pk").get(pk=repair.cluster_id)
     repair.refresh_from_db()
     if repair.status not in (Status.APPROVED, Status.WAITING):
         return repair

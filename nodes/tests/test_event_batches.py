@@ -32,15 +32,15 @@ def event_frame(signature="thermal_throttle", gpu_uuid=None, state=None, **extra
 
 @pytest.fixture
 def refreshes(monkeypatch):
-    """Node ids whose health facts were refreshed, in order."""
+    """The node ids of each refresh of health facts, a sorted list per refresh."""
     seen = []
-    original = health_services.refresh_health_facts
+    original = health_services.refresh_health_facts_of
 
-    def spy(node, **kwargs):
-        seen.append(node.pk)
-        return original(node, **kwargs)
+    def spy(reasons, **kwargs):
+        seen.append(sorted(reasons))
+        return original(reasons, **kwargs)
 
-    monkeypatch.setattr(health_services, "refresh_health_facts", spy)
+    monkeypatch.setattr(health_services, "refresh_health_facts_of", spy)
     return seen
 
 
@@ -70,8 +70,8 @@ def test_a_batch_opens_counts_and_clears_as_one_at_a_time_would(refreshes):
     assert {links[uuid.UUID(frame["id"])] for frame in repeats} == {throttle.pk}
     assert [links[uuid.UUID(frame["id"])] for _, frame in batch[5:8]] == [
         closed.pk, closed.pk, reopened.pk]
-    # Each node's state was worked out once for the whole batch, not once per event.
-    assert sorted(refreshes) == sorted([node_a.pk, node_b.pk])
+    # The nodes' states were worked out once for the whole batch, not once per event.
+    assert refreshes == [sorted([node_a.pk, node_b.pk])]
     node_a.refresh_from_db()
     assert node_a.open_problem == "xid:79 on GPU 3 (+1 more)"
 

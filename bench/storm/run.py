@@ -1,0 +1,493 @@
+"""The storm benchmark: does the control loop keep working through an event storm?
+
+    bench/storm/run.sh [--nodes 2000] [--rates 100,200,500,1000,1500,2000] [--step-s 20]
+
+Production mode (bench/storm/run.sh: a throwaway PostgreSQL and Redis), one daphne
+process on core 0, and on core 1 the Celery workers as README.md runs them (one for the
+sweeps queue, one for the rest; one process each), the beat, PostgreSQL, Redis and this
+driver. The driver holds every node's agent connection
+itself (bench/ingest/loadgen.py's simulated agent: hello, then samples at 1 Hz) and:
+
+1. steps the event rate up (--rates, events/s over the whole fleet, round-robin over the
+   nodes): a mix of new signatures (throttling of a GPU that was not throttled), repeats
+   of an open one and `cleared` of an open one (--new, --clear); per step it prints the
+   events acked/offered, ack latency p50/p99 (send to ack, so including the database
+   commit), the deepest Celery queue seen, and the server's CPU;
+2. then, with events stopped, 200 nodes go silent (--silent: they stop sending, their
+   sockets stay open, a hung node) and one other node sends Xid 79: it prints the
+   heartbeat_lost detection delay (last frame sent to the event's first_seen; the rule is
+   CLUSTERUI_HEARTBEAT_INTERVALS sample intervals of silence), the time from the Xid to
+   its recommended repair, and from approving that repair to the reboot command reaching
+   the node's socket.
+
+Targets (issue 14): 1,000 events/s with ack p99 < 1 s, heartbeat loss p95 <= 10 s, the
+recommendation within 10 s, queue depth bounded.
+"""
+
+import argparse
+import asyncio
+import datetime
+import importlib.util
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import redis
+
+REPO = Path(__file__).resolve().parents[2]
+INGEST = REPO / "bench" / "ingest"
+PY = sys.executable
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "clusterui.settings")
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# The ingest bench's server start-up, percentiles and simulated agent, imported not copied.
+ingest = _load("ingest_run", INGEST / "run.py")
+loadgen = _load("ingest_loadgen", INGEST / "loadgen.py")
+
+from agent import protocol  # noqa: E402
+
+log = ingest.log
+percentile = ingest.percentile
+SLUG = "bench"  # bench/ingest/fleet.py's cluster
+SIGNATURES = ("thermal_throttle", "hw_slowdown", "power_brake")
+QUEUES = ("celery", "sweeps", "provider")
+WORKERS = ("daphne", "worker", "sweeps")
+PACE_EVERY_S = 0.005
+ACK_GRACE_S = 3.0  # after a step: acks still in flight count for it
+
+
+class StormAgent(loadgen.Agent):
+    """A simulated agent that also sends events and notes what the server answers."""
+
+    def __init__(self, *args, tracker, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tracker = tracker
+        self.open = []  # (gpu index, signature) of events it opened and did not clear
+        self.silent_since = None
+        self.last_sent = 0.0
+        self.commands = []  # (received, frame)
+
+    async def read(self):
+        try:
+            async for message in self.ws:
+                now = time.time()
+                frame = json.loads(message)
+                kind = frame.get("type")
+                if kind == "ack":
+                    for event_id in frame["ids"]:
+                        self.tracker.acked.setdefault(event_id, now)
+                elif kind == "error":
+                    self.tracker.errors[frame.get("code")] += 1
+                elif kind == "command":
+                    self.commands.append((now, frame))
+        except loadgen.ConnectionClosed:
+            pass
+
+    def sample(self, now_mono):
+        if self.send_now(self.frame(now_mono)):
+            self.last_sent = time.time()
+            return True
+        return False
+
+    def storm_event(self, rng, new_share, clear_share):
+        gpus = self.backend.gpus()
+        free = [(i, s) for i in range(len(gpus)) for s in SIGNATURES if (i, s) not in self.open]
+        draw = rng.random()
+        if self.open and draw < clear_share:
+            key, state = self.open.pop(rng.randrange(len(self.open))), "cleared"
+        elif free and (not self.open or draw < clear_share + new_share):
+            key, state = rng.choice(free), "active"
+            self.open.append(key)
+        else:
+            key, state = rng.choice(self.open), "active"
+        index, signature = key
+        return protocol.event_frame(signature=signature, severity="warning",
+                                    message=f"bench/storm: {signature}",
+                                    gpu_uuid=gpus[index]["uuid"],
+                                    detail={"source": "bench"}, state=state)
+
+    def send_event(self, frame):
+        frame["ts"] = time.time()
+        if not self.send_now(protocol.encode(frame)):
+            return False
+        self.tracker.sent[frame["id"]] = frame["ts"]
+        self.last_sent = frame["ts"]
+        return True
+
+
+class Tracker:
+    def __init__(self):
+        self.sent, self.acked = {}, {}  # event id -> time.time()
+        self.errors = Counter()
+        self.skipped = 0
+
+
+class Pacer:
+    """Samples at --sample-hz per node and events at `event_rate` over the fleet."""
+
+    def __init__(self, agents, sample_hz, rng, args):
+        self.agents, self.sample_hz, self.rng, self.args = agents, sample_hz, rng, args
+        self.event_rate = 0.0
+        self.tracker = agents[0].tracker
+
+    async def run(self):
+        agents, n = self.agents, len(self.agents)
+        sample_index = event_index = 0
+        start = time.monotonic()
+        samples_issued = 0
+        rate, events_start, events_issued = 0.0, start, 0
+        while True:
+            await asyncio.sleep(PACE_EVERY_S)
+            now = time.monotonic()
+            due = int((now - start) * self.sample_hz * n) - samples_issued
+            samples_issued += max(due, 0)
+            for _ in range(due):
+                agent = agents[sample_index]
+                sample_index = (sample_index + 1) % n
+                if agent.silent_since is None and agent.ws.state.name == "OPEN":
+                    agent.sample(now)
+            if self.event_rate != rate:
+                rate, events_start, events_issued = self.event_rate, now, 0
+            due = int((now - events_start) * rate) - events_issued
+            events_issued += max(due, 0)
+            for _ in range(due):
+                agent = agents[event_index]
+                event_index = (event_index + 1) % n
+                if agent.silent_since is not None or agent.ws.state.name != "OPEN":
+                    continue
+                frame = agent.storm_event(self.rng, self.args.new, self.args.clear)
+                if not agent.send_event(frame):
+                    self.tracker.skipped += 1
+
+
+class Processes:
+    """daphne on core 0; the worker, the beat and this driver on core 1."""
+
+    def __init__(self, workdir):
+        env = {**os.environ, "LOG_LEVEL": "WARNING"}
+        self.port = ingest.free_port()
+        self.workdir = workdir
+        specs = {
+            "daphne": (0, [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+                           "clusterui.asgi:application"]),
+            # As README.md runs them: the sweeps alone, the rest on the other.
+            "sweeps": (1, [PY, "-m", "celery", "-A", "clusterui", "worker", "--loglevel=WARNING",
+                           "--concurrency=1", "--queues", "sweeps",
+                           "--hostname", "bench-sweeps@%h"]),
+            "worker": (1, [PY, "-m", "celery", "-A", "clusterui", "worker", "--loglevel=WARNING",
+                           "--concurrency=1", "--queues", "celery,provider",
+                           "--hostname", "bench-worker@%h"]),
+            "beat": (1, [PY, "-m", "celery", "-A", "clusterui", "beat", "--loglevel=WARNING",
+                         "--schedule", str(workdir / "celerybeat-schedule")]),
+        }
+        self.procs = {}
+        for name, (core, argv) in specs.items():
+            logfile = open(workdir / f"{name}.log", "w")
+            self.procs[name] = subprocess.Popen(ingest.pinned(core, argv), cwd=REPO, env=env,
+                                                stdout=logfile, stderr=subprocess.STDOUT)
+        ingest.wait_for_port(self.port, self.procs["daphne"])
+        self.ps = {name: psutil.Process(proc.pid) for name, proc in self.procs.items()}
+
+    def cpu_s(self, name):
+        """The process's CPU seconds, its children's (the worker's pool) included."""
+        total = 0.0
+        root = self.ps[name]
+        for proc in [root, *root.children(recursive=True)]:
+            try:
+                times = proc.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system
+        return total
+
+    def alive(self):
+        return all(proc.poll() is None for proc in self.procs.values())
+
+    def stop(self):
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+ACTIVITY = """SELECT pid, state, wait_event_type, wait_event,
+    round(extract(epoch FROM now() - xact_start)::numeric, 2), left(query, 160)
+    FROM pg_stat_activity WHERE datname = current_database() AND state <> 'idle'
+    AND pid <> pg_backend_pid() ORDER BY xact_start"""
+
+
+def database_activity():
+    """What PostgreSQL's sessions are doing now (pg_stat_activity), for the run's log."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(ACTIVITY)
+        return cursor.fetchall()
+
+
+def queue_depth(client):
+    return {queue: client.llen(queue) for queue in QUEUES}
+
+
+def ms(seconds):
+    """Milliseconds; None where the rank fell on an event never acked."""
+    return None if seconds is None or seconds == float("inf") else round(seconds * 1000)
+
+
+async def measure_rate(rate, args, pacer, processes, client):
+    tracker = pacer.tracker
+    pacer.event_rate = rate
+    await asyncio.sleep(args.warmup_s)
+    t0, cpu0 = time.time(), {name: processes.cpu_s(name) for name in WORKERS}
+    skipped0, errors0 = tracker.skipped, Counter(tracker.errors)
+    deepest = Counter()
+    with open(processes.workdir / "database-activity.log", "a") as activity_log:
+        while time.time() - t0 < args.step_s:
+            await asyncio.sleep(0.5)
+            for queue, depth in queue_depth(client).items():
+                deepest[queue] = max(deepest[queue], depth)
+            rows = await asyncio.to_thread(database_activity)
+            activity_log.write(f"--- {rate} events/s, {time.time() - t0:.1f} s into the step\n")
+            activity_log.writelines(f"{row}\n" for row in rows)
+    t1 = time.time()
+    cpu1 = {name: processes.cpu_s(name) for name in WORKERS}
+    await asyncio.sleep(ACK_GRACE_S)
+    window = [event_id for event_id, at in tracker.sent.items() if t0 <= at < t1]
+    latencies = sorted(tracker.acked[event_id] - tracker.sent[event_id]
+                       for event_id in window if event_id in tracker.acked)
+    offered = len(window) + tracker.skipped - skipped0
+    unacked = len(window) - len(latencies)
+    # An event not acked within the grace counts as slower than every acked one.
+    ranked = latencies + [float("inf")] * unacked
+    return {
+        "rate": rate, "offered": offered, "acked": len(latencies),
+        "acked_pct": round(100 * len(latencies) / offered, 1) if offered else None,
+        "ack_p50_ms": ms(percentile(ranked, 50)) if ranked else None,
+        "ack_p99_ms": ms(percentile(ranked, 99)) if ranked else None,
+        "ack_max_ms": ms(latencies[-1]) if latencies else None,
+        "deepest_queue": dict(deepest),
+        "errors": dict(tracker.errors - errors0),
+        "daphne_cpu_pct": round(100 * (cpu1["daphne"] - cpu0["daphne"]) / (t1 - t0)),
+        "worker_cpu_pct": round(100 * (cpu1["worker"] - cpu0["worker"]) / (t1 - t0)),
+        "sweeps_cpu_pct": round(100 * (cpu1["sweeps"] - cpu0["sweeps"]) / (t1 - t0)),
+        "load": round(os.getloadavg()[0], 2),
+    }
+
+
+def heartbeat_events(node_ids):
+    from healthchecks.models import HealthEvent
+
+    return dict(HealthEvent.objects.filter(signature="heartbeat_lost", node_id__in=node_ids)
+                .values_list("node_id", "first_seen"))
+
+
+def recommended_repair(node_id, since):
+    from repairs.models import Repair
+
+    return Repair.objects.filter(node_id=node_id, requested_at__gte=since).order_by("id").first()
+
+
+def approve(repair):
+    from django.contrib.auth import get_user_model
+
+    from clusterui.roles import Role, assign_role
+    from repairs.services import do_approve_repair
+
+    user, _ = get_user_model().objects.get_or_create(username="bench-operator")
+    assign_role(user, Role.OPERATOR)
+    return do_approve_repair(repair, actor=user, comment="bench/storm")
+
+
+async def measure_loop(args, agents, fleet_ids, loop_timeout_s=120):
+    """200 nodes go silent, one sends Xid 79; how fast the loop answers."""
+    rng = random.Random(7)
+    xid_agent, *others = agents
+    silent = rng.sample(others, args.silent)
+    for agent in silent:
+        agent.silent_since = time.time()
+    xid = protocol.event_frame(signature="xid:79", severity="critical",
+                               message="GPU has fallen off the bus",
+                               gpu_uuid=xid_agent.backend.gpus()[0]["uuid"],
+                               detail={"source": "bench", "xid": 79})
+    xid_sent = time.time()
+    xid_agent.send_event(xid)
+    xid_node = fleet_ids[xid_agent.node]
+    silent_ids = {fleet_ids[agent.node]: agent for agent in silent}
+    since = datetime.datetime.fromtimestamp(xid_sent - 1, tz=datetime.timezone.utc)
+    repair = approved_at = command_at = None
+    lost = {}
+    deadline = time.time() + loop_timeout_s
+    while time.time() < deadline:
+        await asyncio.sleep(0.25)
+        lost = await asyncio.to_thread(heartbeat_events, list(silent_ids))
+        if repair is None:
+            repair = await asyncio.to_thread(recommended_repair, xid_node, since)
+            if repair is not None:
+                await asyncio.to_thread(approve, repair)
+                approved_at = time.time()
+        elif command_at is None:
+            command_at = next((at for at, frame in xid_agent.commands
+                               if frame.get("action") == "reboot" and at >= approved_at), None)
+        if len(lost) == len(silent_ids) and command_at is not None:
+            break
+    delays = sorted(first_seen.timestamp() - silent_ids[node_id].last_sent
+                    for node_id, first_seen in lost.items())
+    return {
+        "silent": len(silent_ids), "heartbeat_lost": len(lost),
+        "heartbeat_p50_s": round(percentile(delays, 50), 2) if delays else None,
+        "heartbeat_p95_s": round(percentile(delays, 95), 2) if delays else None,
+        "heartbeat_max_s": round(delays[-1], 2) if delays else None,
+        "recommendation_s": round(repair.requested_at.timestamp() - xid_sent, 2)
+        if repair else None,
+        "repair_action": repair.action if repair else None,
+        "approve_to_reboot_command_s": round(command_at - approved_at, 2)
+        if command_at else None,
+    }
+
+
+async def run(args, fleet, processes, client):
+    tracker = Tracker()
+    node_metrics = loadgen.NodeMetrics()
+    await asyncio.sleep(0.2)
+    node_metrics = node_metrics.read()
+    url = f"ws://127.0.0.1:{processes.port}/ws/agent/"
+    agents = [StormAgent(entry["node"], entry["token"], url, node_metrics, tracker=tracker)
+              for entry in fleet["nodes"]]
+    limit = asyncio.Semaphore(loadgen.SETUP_CONCURRENCY)
+
+    async def start(agent):
+        async with limit:
+            await agent.start(None)
+
+    started = time.monotonic()
+    await asyncio.gather(*(start(agent) for agent in agents))
+    log(f"{len(agents)} agents welcomed in {time.monotonic() - started:.1f} s")
+    pacer = Pacer(agents, 1.0, random.Random(1), args)
+    pacing = asyncio.get_running_loop().create_task(pacer.run())
+    await asyncio.sleep(args.settle_s)
+    steps = []
+    try:
+        for rate in args.rates:
+            step = await measure_rate(rate, args, pacer, processes, client)
+            log(step_line(step))
+            steps.append(step)
+            if not processes.alive():
+                log("a server process exited; see its log")
+                break
+        pacer.event_rate = 0
+        log(f"events stopped; {args.drain_s:g} s for the backlog, then the loop")
+        await asyncio.sleep(args.drain_s)
+        fleet_ids = {entry["node"]: entry["node_id"] for entry in fleet["nodes"]}
+        loop_figures = await measure_loop(args, agents, fleet_ids)
+        log(json.dumps(loop_figures))
+    finally:
+        pacing.cancel()
+        await asyncio.gather(*(agent.ws.close() for agent in agents), return_exceptions=True)
+    return steps, loop_figures
+
+
+def step_line(s):
+    return (f"{s['rate']:>5} events/s: acked {s['acked']}/{s['offered']} ({s['acked_pct']} %), "
+            f"ack p50 {s['ack_p50_ms']} ms p99 {s['ack_p99_ms']} ms max {s['ack_max_ms']} ms, "
+            f"deepest queue {s['deepest_queue']}, errors {s['errors']}, "
+            f"daphne {s['daphne_cpu_pct']} % worker {s['worker_cpu_pct']} % sweeps "
+            f"{s['sweeps_cpu_pct']} %, load {s['load']}")
+
+
+def table(steps):
+    lines = ["| events/s | acked/offered | ack p50 | ack p99 | deepest queue | daphne CPU | "
+             "worker CPU | sweeps CPU |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for s in steps:
+        deepest = max(s["deepest_queue"].values(), default=0)
+        lines.append(f"| {s['rate']} | {s['acked']}/{s['offered']} ({s['acked_pct']} %) | "
+                     f"{s['ack_p50_ms']} ms | {s['ack_p99_ms']} ms | {deepest} | "
+                     f"{s['daphne_cpu_pct']} % | {s['worker_cpu_pct']} % | "
+                     f"{s['sweeps_cpu_pct']} % |")
+    return "\n".join(lines)
+
+
+def prepare(fleet_path):
+    """The bench cluster without acceptance tests, repairs through the simulated provider
+    (the reboot is a command to the agent) and no blast-radius limit."""
+    import django
+
+    django.setup()
+    from clusterui.models import Cluster
+    from nodes.models import Node
+    from repairs.models import RepairSettings
+
+    cluster = Cluster.objects.get(slug=SLUG)
+    Cluster.objects.filter(pk=cluster.pk).update(acceptance_tests_enabled=False)
+    Node.objects.filter(cluster=cluster).update(acceptance_required=False)
+    RepairSettings.objects.update_or_create(
+        cluster=cluster, defaults={"provider": "simulated", "blast_radius_pct": 100})
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=2000)
+    parser.add_argument("--rates", default="100,200,500,1000,1500,2000",
+                        type=lambda s: [int(n) for n in s.split(",")])
+    parser.add_argument("--step-s", type=float, default=20.0, help="measured seconds a step")
+    parser.add_argument("--warmup-s", type=float, default=3.0)
+    parser.add_argument("--settle-s", type=float, default=15.0,
+                        help="samples only, after every agent was welcomed")
+    parser.add_argument("--drain-s", type=float, default=10.0)
+    parser.add_argument("--silent", type=int, default=200)
+    parser.add_argument("--new", type=float, default=0.2, help="share of new signatures")
+    parser.add_argument("--clear", type=float, default=0.15, help="share of `cleared`")
+    parser.add_argument("--out", help="write the results as JSON here too")
+    args = parser.parse_args()
+    workdir = Path(os.environ.get("BENCH_WORKDIR") or "/tmp")
+    began = time.monotonic()
+
+    subprocess.run([PY, "manage.py", "migrate", "-v0"], cwd=REPO, check=True, timeout=600)
+    fleet_path = workdir / "fleet.json"
+    subprocess.run([PY, str(INGEST / "fleet.py"), "--nodes", str(args.nodes),
+                    "--out", str(fleet_path)], cwd=REPO, check=True, timeout=600)
+    prepare(fleet_path)
+    fleet = json.loads(fleet_path.read_text())
+    client = redis.Redis.from_url(os.environ["REDIS_URL"])
+    processes = Processes(workdir)
+    try:
+        steps, loop_figures = asyncio.run(run(args, fleet, processes, client))
+    finally:
+        processes.stop()
+
+    print()
+    print(f"storm bench, {datetime.date.today()}, {os.cpu_count()} cores, production mode, "
+          f"daphne x1, workers x2 (sweeps, the rest), {args.nodes} nodes at 1 Hz, "
+          f"{args.step_s:g} s a step; {time.monotonic() - began:.0f} s in all")
+    print(" ".join(sys.argv))
+    print(table(steps))
+    print("after the storm:", json.dumps(loop_figures))
+    results = {"argv": sys.argv, "date": str(datetime.date.today()), "steps": steps,
+               "loop": loop_figures}
+    (workdir / "results.json").write_text(json.dumps(results, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
