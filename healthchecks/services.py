@@ -77,7 +77,8 @@ def acceptance_detail(node):
 
 def health_facts_of(node_ids, now):
     """The facts this app owns (nodes.states.HANDED_DOWN) of each node: {node_id: facts}."""
-    nodes = Node.objects.in_bulk(list(node_ids))
+    nodes = Node.objects.only("acceptance_required", "joined_at", "boot_id").in_bulk(
+        list(node_ids))
     problems = open_problem_events_of(nodes, now)
     checks_running = set(
         CheckRun.objects.unfinished()

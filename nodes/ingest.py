@@ -138,8 +138,7 @@ def ingest_events(items, now=None):
     transaction of their own, so one node's bad event fails only that node's."""
     now = now or timezone.now()
     try:
-        with transaction.atomic():
-            return _ingest(items, now)
+        return _ingest_in_transaction(items, now)
     except Exception:
         if len({node_id for node_id, _ in items}) == 1:
             logger.exception("%d agent event(s) of one node not stored", len(items))
@@ -157,8 +156,7 @@ def ingest_events(items, now=None):
     failed_nodes = 0
     for node_id, indexes in by_node.items():
         try:
-            with transaction.atomic():
-                node_outcomes = _ingest([items[index] for index in indexes], now)
+            node_outcomes = _ingest_in_transaction([items[index] for index in indexes], now)
         except Exception:
             failed_nodes += 1
             if failed_nodes == 1:
@@ -171,19 +169,36 @@ def ingest_events(items, now=None):
     return outcomes
 
 
+class _ReceivedElsewhere(Exception):
+    """Another transaction stored some of the batch's events first (a resend on another
+    connection): this one rolls back and goes again without them."""
+
+
+def _ingest_in_transaction(items, now, tries=3):
+    for _ in range(tries - 1):
+        try:
+            with transaction.atomic():
+                return _ingest(items, now)
+        except _ReceivedElsewhere:
+            continue
+    with transaction.atomic():
+        return _ingest(items, now)
+
+
 def _ingest(items, now):
     event_ids = [uuid.UUID(frame["id"]) for _, frame in items]
-    claimed = claim_receipts(
-        dict(zip(event_ids, (node_id for node_id, _ in items))), now)
-    nodes = Node.objects.in_bulk({node_id for node_id, _ in items})
-    gpus = {(gpu.node_id, gpu.uuid): gpu
-            for gpu in Gpu.objects.filter(node_id__in=nodes)}
+    received = set(AgentEventReceipt.objects.filter(event_id__in=event_ids)
+                   .values_list("event_id", flat=True))
+    nodes = Node.objects.only("cluster_id").in_bulk({node_id for node_id, _ in items})
+    named = {frame["gpu_uuid"] for _, frame in items if frame.get("gpu_uuid")}
+    gpus = {(gpu.node_id, gpu.uuid): gpu for gpu in Gpu.objects.filter(
+        node_id__in=nodes, uuid__in=named).only("node_id", "uuid", "name")}
     signals, stored = [], []
     outcomes = [EventOutcome.DUPLICATE] * len(items)
     for index, ((node_id, frame), event_id) in enumerate(zip(items, event_ids)):
-        if event_id not in claimed:
+        if event_id in received:
             continue
-        claimed.discard(event_id)  # the same id twice in one batch: the second is a duplicate
+        received.add(event_id)  # the same id twice in one batch: the second is a duplicate
         gpu_uuid = frame.get("gpu_uuid")
         gpu = gpus.get((node_id, gpu_uuid)) if gpu_uuid else None
         if frame.get("state") == "cleared":
@@ -198,31 +213,35 @@ def _ingest(items, now):
                             severity=severity_of(frame, gpu), message=frame["message"],
                             evidence=evidence, count=frame.get("count") or 1)
         signals.append(signal)
-        stored.append(event_id)
+        stored.append((event_id, node_id))
         outcomes[index] = EventOutcome.STORED
     touched = do_record_signals(signals, now=now)
-    links = [AgentEventReceipt(event_id=event_id, health_event=event)
-             for event_id, event in zip(stored, touched) if event is not None]
-    AgentEventReceipt.objects.bulk_update(links, ["health_event"], batch_size=500)
+    receipts = [(event_id, node_id, event.pk if event is not None else None)
+                for (event_id, node_id), event in zip(stored, touched)]
+    if len(insert_receipts(receipts, now)) < len(receipts):
+        raise _ReceivedElsewhere()
     return outcomes
 
 
-def claim_receipts(node_of_event, now):
-    """Insert a receipt for each {event_id: node_id} not received before; the ids inserted
-    now. Of two transactions inserting one id, the second waits for the first to commit and
-    then gets nothing: an event is stored once however many connections resend it."""
-    if not node_of_event:
+def insert_receipts(receipts, now):
+    """Insert a receipt per (event_id, node_id, health_event_id) not received before; the
+    ids inserted. Of two transactions inserting one id, the second waits for the first to
+    commit and then gets nothing: an event is stored once however many connections resend
+    it."""
+    if not receipts:
         return set()
     meta = AgentEventReceipt._meta
     quote = connection.ops.quote_name
     event_field, received_field = meta.pk, meta.get_field("received_at")
     received_at = received_field.get_db_prep_value(now, connection)
     params = []
-    for event_id, node_id in node_of_event.items():
-        params += [event_field.get_db_prep_value(event_id, connection), node_id, received_at]
-    values = ", ".join(["(%s, %s, %s)"] * len(node_of_event))
-    sql = (f"INSERT INTO {quote(meta.db_table)} ({quote(event_field.column)}, "
-           f"{quote(meta.get_field('node').column)}, {quote(received_field.column)}) "
+    for event_id, node_id, health_event_id in receipts:
+        params += [event_field.get_db_prep_value(event_id, connection), node_id, received_at,
+                   health_event_id]
+    values = ", ".join(["(%s, %s, %s, %s)"] * len(receipts))
+    columns = ", ".join(quote(meta.get_field(name).column)
+                        for name in ("event_id", "node", "received_at", "health_event"))
+    sql = (f"INSERT INTO {quote(meta.db_table)} ({columns}) "
            f"VALUES {values} ON CONFLICT ({quote(event_field.column)}) DO NOTHING "
            f"RETURNING {quote(event_field.column)}")
     with connection.cursor() as cursor:

@@ -16,7 +16,7 @@ from clusterui.models import Cluster
 from clusterui.services import record_audit
 from healthchecks.choices import NODE_AFFECTING
 from healthchecks.models import HealthEvent
-from healthchecks.services import open_problem_events
+from healthchecks.services import open_problem_events, open_problem_events_of
 from nodes.choices import NodeState
 from nodes.models import Node
 
@@ -103,11 +103,27 @@ def refresh_recommendation(node, now=None):
     return repair
 
 
-def _refresh_recommendations_of(nodes, now):
-    """refresh_recommendation() for each node, each on its own: one that fails is logged
-    and the others go on (the sweep tries it again). Returns how many got a new repair."""
+def with_a_candidate(node_ids, now):
+    """The nodes, of node_ids, with an open problem that calls for a repair (policy.
+    choose_action), in id order: read in three queries for them all, locking nothing. For
+    the others refresh_recommendation() would change nothing, so a storm of events that
+    call for no repair (throttling that has not persisted yet) costs no node a lock."""
+    problems = open_problem_events_of(node_ids, now)
+    cluster_of = dict(Node.objects.filter(pk__in=list(node_ids)).values_list("pk", "cluster_id"))
+    policies = {}
+    for policy in RepairPolicy.objects.filter(cluster_id__in=set(cluster_of.values())):
+        policies.setdefault(policy.cluster_id, {})[policy.signature] = policy
+    return sorted(node_id for node_id, events in problems.items() if node_id in cluster_of
+                  and any(choose_action(event, policies.get(cluster_of[node_id], {}), now)
+                          for event in events))
+
+
+def _refresh_recommendations_of(node_ids, now):
+    """refresh_recommendation() for each node with a candidate repair, each on its own: one
+    that fails is logged and the others go on (the sweep tries it again). Returns how many
+    got a new repair."""
     recommended = 0
-    for node in nodes:
+    for node in Node.objects.filter(pk__in=with_a_candidate(node_ids, now)).order_by("pk"):
         before = node.repairs.open().values_list("pk", flat=True).first()
         try:
             after = refresh_recommendation(node, now=now)
@@ -133,7 +149,7 @@ def recommend_from_changes(now=None):
     with transaction.atomic():
         node_ids = {change.node_id for change in read_changes(RECOMMENDER)
                     if change.kind == Kind.HEALTH_EVENT and change.node_id is not None}
-    return _refresh_recommendations_of(Node.objects.filter(pk__in=node_ids).order_by("pk"), now)
+    return _refresh_recommendations_of(node_ids, now)
 
 
 def refresh_recommendations(now=None):
@@ -142,7 +158,7 @@ def refresh_recommendations(now=None):
     now = now or timezone.now()
     node_ids = (HealthEvent.objects.open().filter(severity__in=NODE_AFFECTING)
                 .values_list("node_id", flat=True).distinct())
-    return _refresh_recommendations_of(Node.objects.filter(pk__in=list(node_ids)), now)
+    return _refresh_recommendations_of(set(node_ids), now)
 
 
 def resolve_quiet_recommendations(now=None):

@@ -37,6 +37,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import redis
@@ -82,6 +83,11 @@ class StormAgent(loadgen.Agent):
         self.silent_since = None
         self.last_sent = 0.0
         self.commands = []  # (received, frame)
+        self.welcomed = False
+
+    async def start(self, compression):
+        await super().start(compression)
+        self.welcomed = True
 
     async def read(self):
         try:
@@ -160,7 +166,8 @@ class Pacer:
             for _ in range(due):
                 agent = agents[sample_index]
                 sample_index = (sample_index + 1) % n
-                if agent.silent_since is None and agent.ws.state.name == "OPEN":
+                if agent.silent_since is None and agent.welcomed and \
+                        agent.ws.state.name == "OPEN":
                     agent.sample(now)
             if self.event_rate != rate:
                 rate, events_start, events_issued = self.event_rate, now, 0
@@ -169,7 +176,8 @@ class Pacer:
             for _ in range(due):
                 agent = agents[event_index]
                 event_index = (event_index + 1) % n
-                if agent.silent_since is not None or agent.ws.state.name != "OPEN":
+                if agent.silent_since is not None or not agent.welcomed or \
+                        agent.ws.state.name != "OPEN":
                     continue
                 frame = agent.storm_event(self.rng, self.args.new, self.args.clear)
                 if not agent.send_event(frame):
@@ -259,6 +267,10 @@ async def measure_rate(rate, args, pacer, processes, client):
     tracker = pacer.tracker
     pacer.event_rate = rate
     await asyncio.sleep(args.warmup_s)
+    spy = None
+    if args.profile:  # py-spy on daphne, 8 s of the step (bench/ingest/run.py's)
+        spy = ingest.start_profile(SimpleNamespace(procs=[processes.procs["daphne"]]),
+                                   "daphne", rate, processes.workdir)
     t0, cpu0 = time.time(), {name: processes.cpu_s(name) for name in WORKERS}
     skipped0, errors0 = tracker.skipped, Counter(tracker.errors)
     deepest = Counter()
@@ -272,6 +284,8 @@ async def measure_rate(rate, args, pacer, processes, client):
             activity_log.writelines(f"{row}\n" for row in rows)
     t1 = time.time()
     cpu1 = {name: processes.cpu_s(name) for name in WORKERS}
+    if spy is not None:
+        ingest.finish_profile(spy, processes.workdir)
     await asyncio.sleep(ACK_GRACE_S)
     window = [event_id for event_id, at in tracker.sent.items() if t0 <= at < t1]
     latencies = sorted(tracker.acked[event_id] - tracker.sent[event_id]
@@ -295,10 +309,12 @@ async def measure_rate(rate, args, pacer, processes, client):
     }
 
 
-def heartbeat_events(node_ids):
+def heartbeat_events(node_ids, since):
+    """{node_id: first_seen} of heartbeat_lost events opened since `since`."""
     from healthchecks.models import HealthEvent
 
-    return dict(HealthEvent.objects.filter(signature="heartbeat_lost", node_id__in=node_ids)
+    return dict(HealthEvent.objects.filter(signature="heartbeat_lost", node_id__in=node_ids,
+                                           first_seen__gte=since)
                 .values_list("node_id", "first_seen"))
 
 
@@ -306,6 +322,17 @@ def recommended_repair(node_id, since):
     from repairs.models import Repair
 
     return Repair.objects.filter(node_id=node_id, requested_at__gte=since).order_by("id").first()
+
+
+def step_times(repair, since):
+    """[(step, status, seconds from `since` to its start, to its end)] of the repair."""
+    from repairs.models import RepairStep
+
+    def after(at):
+        return round(at.timestamp() - since, 2) if at else None
+
+    return [(step.kind, step.status, after(step.started_at), after(step.finished_at))
+            for step in RepairStep.objects.filter(repair=repair).order_by("position")]
 
 
 def approve(repair):
@@ -340,7 +367,7 @@ async def measure_loop(args, agents, fleet_ids, loop_timeout_s=120):
     deadline = time.time() + loop_timeout_s
     while time.time() < deadline:
         await asyncio.sleep(0.25)
-        lost = await asyncio.to_thread(heartbeat_events, list(silent_ids))
+        lost = await asyncio.to_thread(heartbeat_events, list(silent_ids), since)
         if repair is None:
             repair = await asyncio.to_thread(recommended_repair, xid_node, since)
             if repair is not None:
@@ -351,6 +378,7 @@ async def measure_loop(args, agents, fleet_ids, loop_timeout_s=120):
                                if frame.get("action") == "reboot" and at >= approved_at), None)
         if len(lost) == len(silent_ids) and command_at is not None:
             break
+    steps = await asyncio.to_thread(step_times, repair, approved_at) if repair else []
     delays = sorted(first_seen.timestamp() - silent_ids[node_id].last_sent
                     for node_id, first_seen in lost.items())
     return {
@@ -363,6 +391,7 @@ async def measure_loop(args, agents, fleet_ids, loop_timeout_s=120):
         "repair_action": repair.action if repair else None,
         "approve_to_reboot_command_s": round(command_at - approved_at, 2)
         if command_at else None,
+        "repair_steps_after_approval_s": steps,
     }
 
 
@@ -380,11 +409,12 @@ async def run(args, fleet, processes, client):
         async with limit:
             await agent.start(None)
 
+    # As a real agent does, each samples from its welcome on, while the others connect.
+    pacer = Pacer(agents, 1.0, random.Random(1), args)
+    pacing = asyncio.get_running_loop().create_task(pacer.run())
     started = time.monotonic()
     await asyncio.gather(*(start(agent) for agent in agents))
     log(f"{len(agents)} agents welcomed in {time.monotonic() - started:.1f} s")
-    pacer = Pacer(agents, 1.0, random.Random(1), args)
-    pacing = asyncio.get_running_loop().create_task(pacer.run())
     await asyncio.sleep(args.settle_s)
     steps = []
     try:
@@ -457,6 +487,8 @@ def main():
     parser.add_argument("--silent", type=int, default=200)
     parser.add_argument("--new", type=float, default=0.2, help="share of new signatures")
     parser.add_argument("--clear", type=float, default=0.15, help="share of `cleared`")
+    parser.add_argument("--profile", action="store_true",
+                        help="py-spy on daphne for 8 s of each step (its summary is printed)")
     parser.add_argument("--out", help="write the results as JSON here too")
     args = parser.parse_args()
     workdir = Path(os.environ.get("BENCH_WORKDIR") or "/tmp")

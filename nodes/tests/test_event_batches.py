@@ -132,12 +132,14 @@ def test_the_same_events_delivered_by_two_writers_at_once_are_stored_once():
         pytest.skip("SQLite writes one transaction at a time: run it with `make test`")
     node = NodeFactory()
     batch = [(node.pk, event_frame()) for _ in range(50)]
-    together, outcomes = threading.Barrier(2), []
-    original_claim = ingest.claim_receipts
+    together, outcomes, writes = threading.Barrier(2), [], []
+    original_record = ingest.do_record_signals
 
-    def claim_together(node_of_event, now):
-        together.wait(5)
-        return original_claim(node_of_event, now)
+    def record_together(signals, **kwargs):
+        writes.append(len(signals))
+        if len(writes) <= 2:
+            together.wait(5)  # both found none of the events received
+        return original_record(signals, **kwargs)
 
     def write():
         try:
@@ -145,7 +147,7 @@ def test_the_same_events_delivered_by_two_writers_at_once_are_stored_once():
         finally:
             connection.close()
 
-    ingest.claim_receipts = claim_together
+    ingest.do_record_signals = record_together
     try:
         writers = [threading.Thread(target=write) for _ in range(2)]
         for writer in writers:
@@ -153,12 +155,15 @@ def test_the_same_events_delivered_by_two_writers_at_once_are_stored_once():
         for writer in writers:
             writer.join(30)
     finally:
-        ingest.claim_receipts = original_claim
+        ingest.do_record_signals = original_record
 
     assert len(outcomes) == 2
     for index in range(len(batch)):
         assert sorted(o[index].value for o in outcomes) == ["duplicate", "stored"]
     assert HealthEvent.objects.get(node=node).count == 50
+    # The second waited for the first's commit, found its receipts, rolled back and went
+    # again: with nothing left to store.
+    assert writes == [50, 50, 0]
 
 
 # The writer behind the agent consumer.
