@@ -16,6 +16,7 @@ from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
+from redis.exceptions import RedisError
 
 from clusterui.models import Cluster
 from clusterui.roles import Role, has_role
@@ -36,6 +37,10 @@ CLOSE_BAD_TOKEN = 4401
 CLOSE_TOO_MANY_BAD_FRAMES = 4400
 CLOSE_REPLACED = 4409
 CLOSE_TOO_BIG = 1009
+
+# What the channel layer raises while Redis is away (channels_redis, redis-py).
+LAYER_ERRORS = (RedisError, OSError)
+LAYER_RETRY_MAX_S = 5.0
 
 
 def bearer_token(scope):
@@ -98,9 +103,29 @@ class AgentConsumer(AsyncWebsocketConsumer):
                     pass
 
     async def _dispatch_from_layer(self, consumer_task):
+        """The channel layer's messages (work offers, config changes, a replacement), one at
+        a time with the connection's. Redis going away does not end the connection: the
+        agent's frames need only the database. Once Redis is back, the connection joins
+        its node's group again (a restarted Redis forgot it) and sends the work queued
+        meanwhile (its offers were lost)."""
+        failures = 0
         try:
             while True:
-                message = await self.channel_layer.receive(self.channel_name)
+                try:
+                    if failures:
+                        async with self._one_at_a_time:
+                            await self.rejoin()
+                    message = await self.channel_layer.receive(self.channel_name)
+                except LAYER_ERRORS as exc:
+                    if failures == 0:
+                        logger.warning("channel layer unreachable (%s); the agent connection "
+                                       "stays, retrying", exc)
+                    await asyncio.sleep(min(LAYER_RETRY_MAX_S, 0.25 * 2 ** failures))
+                    failures += 1
+                    continue
+                if failures:
+                    logger.info("channel layer reachable again after %d tries", failures)
+                    failures = 0
                 async with self._one_at_a_time:
                     await self.dispatch(message)
         except asyncio.CancelledError:
@@ -118,6 +143,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
         await handler(message)
+
+    async def rejoin(self):
+        """After the channel layer was lost: the node's group again, and its queued work."""
+        if self.node_id is None or self.closed:
+            return
+        await self.channel_layer.group_add(agent_group(self.node_id), self.channel_name)
+        for work in await database_sync_to_async(ingest.work_frames_after_hello)(self.node_id):
+            await self.send_frame(work)
 
     async def disconnect(self, code):
         self.closed = True
@@ -177,9 +210,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.cluster_id = outcome.cluster_id
         self.memory_totals = {gpu["uuid"]: gpu.get("memory_total_bytes") for gpu in frame["gpus"]}
         group = agent_group(self.node_id)
-        await self.channel_layer.group_send(group, {"type": "agent.replaced",
-                                                    "by": self.channel_name})
-        await self.channel_layer.group_add(group, self.channel_name)
+        try:
+            await self.channel_layer.group_send(group, {"type": "agent.replaced",
+                                                        "by": self.channel_name})
+            await self.channel_layer.group_add(group, self.channel_name)
+        except LAYER_ERRORS as exc:
+            # The reader of the layer fails too, and joins the group once Redis is back.
+            logger.warning("channel layer unreachable at %s's hello (%s)", frame["node"], exc)
         welcome = {"type": "welcome", "node_id": outcome.node_id,
                    "sample_interval_s": ingest.sample_interval_s()}
         if outcome.node_token is not None:
@@ -268,6 +305,14 @@ class LiveClusterConsumer(AsyncWebsocketConsumer):
         self.group = cluster_group(slug)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
+
+    async def rejoin(self):
+        """After the channel layer was lost: the node's group again, and its queued work."""
+        if self.node_id is None or self.closed:
+            return
+        await self.channel_layer.group_add(agent_group(self.node_id), self.channel_name)
+        for work in await database_sync_to_async(ingest.work_frames_after_hello)(self.node_id):
+            await self.send_frame(work)
 
     async def disconnect(self, code):
         if self.group is not None:

@@ -395,6 +395,16 @@ async def measure_loop(args, agents, fleet_ids, loop_timeout_s=120):
     }
 
 
+async def drain(tracker, limit_s):
+    """Seconds until every event sent is acked (the server's backlog is gone), or None."""
+    started = time.time()
+    while time.time() - started < limit_s:
+        if len(tracker.acked) >= len(tracker.sent):
+            return time.time() - started
+        await asyncio.sleep(0.5)
+    return None
+
+
 async def run(args, fleet, processes, client):
     tracker = Tracker()
     node_metrics = loadgen.NodeMetrics()
@@ -426,8 +436,10 @@ async def run(args, fleet, processes, client):
                 log("a server process exited; see its log")
                 break
         pacer.event_rate = 0
-        log(f"events stopped; {args.drain_s:g} s for the backlog, then the loop")
-        await asyncio.sleep(args.drain_s)
+        drained = await drain(tracker, args.drain_s)
+        log(f"events stopped; every event sent was acked {drained:.1f} s later"
+            if drained is not None else f"events stopped; {args.drain_s:g} s later events "
+            f"sent were still not acked")
         fleet_ids = {entry["node"]: entry["node_id"] for entry in fleet["nodes"]}
         loop_figures = await measure_loop(args, agents, fleet_ids)
         log(json.dumps(loop_figures))
@@ -483,7 +495,8 @@ def main():
     parser.add_argument("--warmup-s", type=float, default=3.0)
     parser.add_argument("--settle-s", type=float, default=15.0,
                         help="samples only, after every agent was welcomed")
-    parser.add_argument("--drain-s", type=float, default=10.0)
+    parser.add_argument("--drain-s", type=float, default=180.0,
+                        help="after the steps, at most this long for every event to be acked")
     parser.add_argument("--silent", type=int, default=200)
     parser.add_argument("--new", type=float, default=0.2, help="share of new signatures")
     parser.add_argument("--clear", type=float, default=0.15, help="share of `cleared`")
