@@ -13,7 +13,8 @@ itself (bench/ingest/loadgen.py's simulated agent: hello, then samples at 1 Hz) 
    of an open one and `cleared` of an open one (--new, --clear); per step it prints the
    events acked/offered, ack latency p50/p99 (send to ack, so including the database
    commit), the deepest Celery queue seen, and the server's CPU;
-2. then, with events stopped, 200 nodes go silent (--silent: they stop sending, their
+2. then, with events stopped and every event sent acked (the server's backlog gone), 200
+   nodes go silent (--silent: they stop sending, their
    sockets stay open, a hung node) and one other node sends Xid 79: it prints the
    heartbeat_lost detection delay (last frame sent to the event's first_seen; the rule is
    CLUSTERUI_HEARTBEAT_INTERVALS sample intervals of silence), the time from the Xid to
