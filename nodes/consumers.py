@@ -10,6 +10,7 @@ import json
 import logging
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
@@ -38,6 +39,19 @@ CLOSE_TOO_MANY_BAD_FRAMES = 4400
 CLOSE_REPLACED = 4409
 CLOSE_TOO_BIG = 1009
 
+# Hellos (and the token check before them) run on threads of their own: after a server
+# restart thousands of agents say hello at once, and on database_sync_to_async's one thread
+# they would queue behind each other and behind the event writer.
+HELLO_THREADS = 4
+HELLO_POOL = ThreadPoolExecutor(max_workers=HELLO_THREADS, thread_name_prefix="agent-hello")
+
+
+def on_hello_threads(func):
+    """`func` as a coroutine function run on HELLO_POOL, database connections handled as
+    database_sync_to_async does."""
+    return database_sync_to_async(func, thread_sensitive=False, executor=HELLO_POOL)
+
+
 # What the channel layer raises while Redis is away (channels_redis, redis-py).
 LAYER_ERRORS = (RedisError, OSError)
 LAYER_RETRY_MAX_S = 5.0
@@ -62,7 +76,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.bad_frames = deque()
         self.memory_totals = {}
         self.live_store = get_live_store()
-        self.grant = await database_sync_to_async(ingest.authenticate)(bearer_token(self.scope))
+        self.grant = await on_hello_threads(ingest.authenticate)(bearer_token(self.scope))
         await self.accept()
         if self.grant is None:
             await self.close_with(CLOSE_BAD_TOKEN)
@@ -199,7 +213,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=json.dumps(frame))
 
     async def on_hello(self, frame):
-        outcome = await database_sync_to_async(ingest.accept_hello)(self.grant, frame)
+        outcome = await on_hello_threads(ingest.accept_hello)(self.grant, frame)
         if outcome.close_code is not None:
             logger.info("agent hello refused (%s): %s", outcome.close_code, outcome.reason)
             await self.close_with(outcome.close_code)
@@ -222,8 +236,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if outcome.node_token is not None:
             welcome["node_token"] = outcome.node_token
         await self.send_frame(welcome)
-        await self.send_frame(await database_sync_to_async(ingest.config_frame)(self.node_id))
-        for work in await database_sync_to_async(ingest.work_frames_after_hello)(self.node_id):
+        await self.send_frame(await on_hello_threads(ingest.config_frame)(self.node_id))
+        for work in await on_hello_threads(ingest.work_frames_after_hello)(self.node_id):
             await self.send_frame(work)
 
     async def agent_replaced(self, message):

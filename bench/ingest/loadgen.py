@@ -64,14 +64,14 @@ class Agent:
         self.built_at = time.monotonic() - REFRESH_S * random.random()
         self.errors = 0
 
-    async def start(self, compression):
+    async def start(self, compression, open_timeout=300):
         self.ws = await connect(
             self.url,
             additional_headers={"Authorization": f"Bearer {self.token}"},
             compression=compression,
             max_size=2**20,
             ping_interval=None,  # the server pings; answering is automatic
-            open_timeout=300,
+            open_timeout=open_timeout,
             close_timeout=2,
         )
         hello = protocol.hello_frame(
@@ -80,7 +80,7 @@ class Agent:
             gpus=self.backend.gpus(), slurm=None,
         )
         await self.ws.send(protocol.encode(hello))
-        async with asyncio.timeout(300):
+        async with asyncio.timeout(open_timeout):
             while True:
                 frame = json.loads(await self.ws.recv())
                 if frame["type"] == "welcome":

@@ -1,6 +1,8 @@
 """The agent WebSocket against PROTOCOL.md: every row of its error table, and the happy path."""
 
+import asyncio
 import json
+import threading
 import uuid
 
 import pytest
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 from clusterui.asgi import application
 from clusterui.models import AuditEntry
 from healthchecks.models import HealthEvent
+from nodes import ingest
 from nodes.models import AgentToken, Node, NodeTransition
 from nodes.services import do_issue_join_token, do_revoke_agent_token
 
@@ -334,3 +337,38 @@ async def test_an_xids_severity_comes_from_nvidias_catalog(join_token, settings)
     assert stored.severity == "info" and stored.evidence["agent_severity"] == "critical"
     node = await database_sync_to_async(Node.objects.get)(name="gpu-001")
     assert node.state == "healthy"  # the application's problem, not the node's
+
+
+async def test_hellos_do_not_wait_for_each_other_or_for_the_event_writer(join_token,
+                                                                        monkeypatch):
+    """After a server restart every agent says hello at once: hellos run on threads of their
+    own, side by side, and not behind a batch of events being written."""
+    first, _ = await join(join_token, node="gpu-001")
+    writing, written = threading.Event(), threading.Event()
+    original_ingest = ingest.ingest_events
+
+    def slow_batch(items, now=None):
+        writing.set()
+        written.wait(10)  # held until the hellos below are done
+        return original_ingest(items, now=now)
+
+    both = threading.Barrier(2)
+    original_hello = ingest.accept_hello
+
+    def hello_together(grant, frame, now=None):
+        both.wait(5)  # broken (an error, no welcome) if the other cannot run meanwhile
+        return original_hello(grant, frame, now=now)
+
+    monkeypatch.setattr(ingest, "ingest_events", slow_batch)
+    monkeypatch.setattr(ingest, "accept_hello", hello_together)
+    await send(first, event())
+    await asyncio.to_thread(writing.wait, 5)
+
+    joined = await asyncio.gather(join(join_token, node="gpu-002"),
+                                  join(join_token, node="gpu-003"))
+
+    assert [welcome["type"] for _, welcome in joined] == ["welcome", "welcome"]
+    written.set()
+    assert (await receive(first))["type"] == "ack"
+    for communicator in [first, *(c for c, _ in joined)]:
+        await communicator.disconnect()

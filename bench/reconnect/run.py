@@ -1,0 +1,189 @@
+"""The reconnect benchmark: a server restart drops every agent connection at once; how long
+until all are welcomed again?
+
+    bench/reconnect/run.sh [--nodes 4000] [--sample-hz 1]
+
+Production mode (bench/reconnect/run.sh: a throwaway PostgreSQL and Redis), one daphne on
+core 0; this driver on core 1 holds every node's agent connection (bench/storm/run.py's
+agent: hello with 8 simulated H200s, samples at --sample-hz from its welcome on). Once all
+are welcomed, daphne is killed (SIGKILL: every socket drops at once) and started again on
+the same port. Each agent reconnects as the real one does (agent.client: the backoff
+delays of agent.client.backoff_delay, full jitter from 1 s doubling to 30 s; a connect
+gives up after 10 s, a welcome after 30 s). It prints, from the moment the new daphne
+listens, the time until each agent's welcome: p50, p99, max, and how many were welcomed.
+Target (issue 14): all 4,000 within 30 s.
+"""
+
+import argparse
+import asyncio
+import datetime
+import importlib.util
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PY = sys.executable
+sys.path.insert(0, str(REPO))
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+storm = _load("storm_run", REPO / "bench" / "storm" / "run.py")
+ingest, loadgen, log, percentile = storm.ingest, storm.loadgen, storm.log, storm.percentile
+
+from agent.client import WELCOME_TIMEOUT_S, backoff_delay  # noqa: E402
+
+CONNECT_TIMEOUT_S = 10.0  # websockets' default open timeout, as the agent connects
+
+
+class ReconnectingAgent(storm.StormAgent):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.welcomes = []  # time.time() of each welcome
+
+    async def keep_connected(self, rng, attempt):
+        """Connect, hello, welcome, until the socket closes; then the agent's backoff."""
+        while True:
+            try:
+                async with asyncio.timeout(CONNECT_TIMEOUT_S + WELCOME_TIMEOUT_S):
+                    await self.start(None, open_timeout=CONNECT_TIMEOUT_S)
+                self.welcomes.append(time.time())
+                await self.ws.wait_closed()
+            except Exception:  # noqa: BLE001 - refused, timed out, closed: retry as the agent
+                pass
+            self.welcomed = False
+            await asyncio.sleep(backoff_delay(attempt, rng))
+            attempt += 1
+
+
+def start_daphne(port, workdir, n):
+    logfile = open(workdir / f"daphne-{n}.log", "w")
+    argv = ingest.pinned(0, [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                             "clusterui.asgi:application"])
+    proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, "LOG_LEVEL": "WARNING"},
+                            stdout=logfile, stderr=subprocess.STDOUT)
+    return proc
+
+
+def listening(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+async def wait_listening(port, proc):
+    while not listening(port):
+        if proc.poll() is not None:
+            raise SystemExit(f"daphne exited ({proc.returncode})")
+        await asyncio.sleep(0.05)
+    return time.time()
+
+
+async def run(args, fleet, port, workdir):
+    tracker = storm.Tracker()
+    node_metrics = loadgen.NodeMetrics()
+    await asyncio.sleep(0.2)
+    node_metrics = node_metrics.read()
+    url = f"ws://127.0.0.1:{port}/ws/agent/"
+    agents = [ReconnectingAgent(entry["node"], entry["token"], url, node_metrics,
+                                tracker=tracker) for entry in fleet["nodes"]]
+    server = start_daphne(port, workdir, 1)
+    await wait_listening(port, server)
+    pacer = storm.Pacer(agents, args.sample_hz, random.Random(1),
+                        argparse.Namespace(new=0, clear=0))
+    tasks = [asyncio.get_running_loop().create_task(pacer.run())]
+    # The first connections come in at a steady pace (a fleet that was up), not as a storm.
+    limit = asyncio.Semaphore(loadgen.SETUP_CONCURRENCY)
+
+    async def first_connect(agent):
+        async with limit:
+            await agent.start(None)
+        agent.welcomes.append(time.time())
+
+    started = time.monotonic()
+    await asyncio.gather(*(first_connect(agent) for agent in agents))
+    log(f"{len(agents)} agents welcomed in {time.monotonic() - started:.1f} s; "
+        f"{args.settle_s:g} s of samples")
+    await asyncio.sleep(args.settle_s)
+    rng = random.Random(2)
+
+    async def after_first(agent):
+        await agent.ws.wait_closed()
+        agent.welcomed = False
+        await asyncio.sleep(backoff_delay(0, rng))
+        await agent.keep_connected(rng, attempt=1)
+
+    tasks += [asyncio.get_running_loop().create_task(after_first(agent)) for agent in agents]
+    server.send_signal(signal.SIGKILL)
+    server.wait()
+    killed_at = time.time()
+    server = start_daphne(port, workdir, 2)
+    listening_at = await wait_listening(port, server)
+    log(f"daphne killed and started again: listening {listening_at - killed_at:.1f} s later")
+    deadline = listening_at + args.limit_s
+    while time.time() < deadline:
+        if all(any(at > killed_at for at in agent.welcomes) for agent in agents):
+            break
+        await asyncio.sleep(0.25)
+    back = sorted(min(at for at in agent.welcomes if at > killed_at) - listening_at
+                  for agent in agents if any(at > killed_at for at in agent.welcomes))
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*(agent.ws.close() for agent in agents), return_exceptions=True)
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(15)
+    except subprocess.TimeoutExpired:
+        server.kill()
+    return {
+        "nodes": len(agents), "welcomed_again": len(back),
+        "p50_s": round(percentile(back, 50), 1) if back else None,
+        "p99_s": round(percentile(back, 99), 1) if back else None,
+        "max_s": round(back[-1], 1) if back else None,
+        "restart_s": round(listening_at - killed_at, 1),
+        "limit_s": args.limit_s,
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=4000)
+    parser.add_argument("--sample-hz", type=float, default=1.0)
+    parser.add_argument("--settle-s", type=float, default=10.0)
+    parser.add_argument("--limit-s", type=float, default=180.0,
+                        help="after the restart, at most this long for the agents to come back")
+    args = parser.parse_args()
+    workdir = Path(os.environ.get("BENCH_WORKDIR") or "/tmp")
+    subprocess.run([PY, "manage.py", "migrate", "-v0"], cwd=REPO, check=True, timeout=600)
+    fleet_path = workdir / "fleet.json"
+    subprocess.run([PY, str(REPO / "bench" / "ingest" / "fleet.py"), "--nodes",
+                    str(args.nodes), "--out", str(fleet_path)], cwd=REPO, check=True,
+                   timeout=600)
+    storm.prepare(fleet_path)
+    fleet = json.loads(fleet_path.read_text())
+    figures = asyncio.run(run(args, fleet, ingest.free_port(), workdir))
+    print()
+    print(f"reconnect bench, {datetime.date.today()}, {os.cpu_count()} cores, production "
+          f"mode, daphne x1, {args.nodes} nodes, samples at {args.sample_hz:g} Hz")
+    print(" ".join(sys.argv))
+    print(json.dumps(figures))
+    (workdir / "results.json").write_text(json.dumps({"argv": sys.argv, **figures}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
