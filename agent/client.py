@@ -19,6 +19,7 @@ sent; the Slurm hook (agent/hook.py) leaves its results there too.
 import asyncio
 import json
 import logging
+import math
 import random
 import time
 
@@ -36,6 +37,11 @@ BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 30.0
 STABLE_CONNECTION_S = 60.0  # a connection that lasted this long resets the backoff
 WELCOME_TIMEOUT_S = 30.0
+# An event the server could not store (`error` with retry_id) goes again after the
+# retry_after_s it names, kept within these bounds, or after the default.
+RETRY_AFTER_DEFAULT_S = 5.0
+RETRY_AFTER_MIN_S = 0.1
+RETRY_AFTER_MAX_S = 300.0
 RECEIVE_MAX_BYTES = 16 * 1024 * 1024  # a config frame carries startup script bodies
 
 
@@ -103,6 +109,7 @@ class AgentClient:
         self._ws = None  # the connection, once welcomed; None while there is none
         self._seq = 0  # the next sample's seq on this connection
         self._welcomed_at = None
+        self._resend_tasks = set()  # events the server asked for again (retry_id)
         self._interval_changed = asyncio.Event()
         self._spool = scripts.ResultSpool(state_dir)
         self._spool_lock = asyncio.Lock()
@@ -423,6 +430,18 @@ class AgentClient:
                     return  # sent after the next welcome
                 self._spool.remove(path)
 
+    def _spawn(self, coroutine):
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._resend_tasks.add(task)
+        task.add_done_callback(self._resend_tasks.discard)
+
+    async def _resend(self, event_id):
+        """Send an event of the outbox again, if it is still there and a connection is up
+        (otherwise the next connection resends it with the rest)."""
+        event, ws = self._outbox.get(event_id), self._ws
+        if event is not None and ws is not None:
+            await self._send(ws, event)
+
     def _on_welcome(self, frame):
         node_token = frame.get("node_token")  # present only after a join
         if isinstance(node_token, str) and node_token:
@@ -447,6 +466,18 @@ class AgentClient:
 
     def _on_error(self, frame):
         log.warning("server error %s: %s", frame.get("code"), frame.get("message"))
+        retry_id = frame.get("retry_id")
+        if isinstance(retry_id, str) and self._outbox.get(retry_id) is not None:
+            # Not stored (the server's database was away, a rate limit): the event stays
+            # in the outbox and goes again after retry_after_s (PROTOCOL.md).
+            delay = frame.get("retry_after_s")
+            if isinstance(delay, bool) or not isinstance(delay, (int, float)) or \
+                    not math.isfinite(delay):
+                delay = RETRY_AFTER_DEFAULT_S
+            delay = min(max(float(delay), RETRY_AFTER_MIN_S), RETRY_AFTER_MAX_S)
+            log.info("the server asks for event %s again in %.1f s", retry_id, delay)
+            asyncio.get_running_loop().call_later(
+                delay, lambda: self._spawn(self._resend(retry_id)))
         event_id = frame.get("id")
         if isinstance(event_id, str):
             event = self._outbox.get(event_id)

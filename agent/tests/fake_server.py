@@ -31,6 +31,8 @@ class FakeServer:
         self.refuse_with = "close"  # a bad token: "close" (4401) or "http" (403)
         self.ack_events = True
         self.refuse_events = False  # answer events with an error frame naming the id
+        self.server_errors = 0  # answer this many events with server_error and retry_id
+        self.retry_after_s = None  # sent with them, when set
         self.welcome_interval_s = None  # sample_interval_s in welcome, when set
         self.startup_scripts = []
         self.after_welcome = []  # frames sent after welcome and config
@@ -92,6 +94,13 @@ class FakeServer:
                         }
                     )
                 )
+            elif frame["type"] == "event" and self.server_errors:
+                self.server_errors -= 1
+                error = {"type": "error", "code": "server_error",
+                         "message": "the event was not stored", "retry_id": frame["id"]}
+                if self.retry_after_s is not None:
+                    error["retry_after_s"] = self.retry_after_s
+                await ws.send(json.dumps(error))
             elif frame["type"] == "event" and self.ack_events:
                 await ws.send(json.dumps({"type": "ack", "ids": [frame["id"]]}))
 

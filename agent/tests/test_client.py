@@ -418,3 +418,22 @@ def test_an_event_too_large_to_send_is_not_kept(tmp_path, caplog):
     assert len(client._outbox) == 0
     assert "cannot be sent, dropped" in caplog.text
     client._outbox.close()
+
+
+def test_an_event_the_server_could_not_store_is_sent_again_after_retry_after_s(tmp_path):
+    """`error` with retry_id (PROTOCOL.md: server_error, rate_limited): the event stays in
+    the outbox and goes again on the same connection once retry_after_s has passed."""
+    async def scenario():
+        async with FakeServer() as server:
+            server.server_errors, server.retry_after_s = 2, 0.2
+            client = make_client(server, tmp_path, inject="xid:79@0s")
+            async with running(client):
+                await until(lambda: len(client._outbox) == 0 and server.connections
+                            and len(server.connections[0].of_type("event")) >= 3)
+                connection = server.connections[0]
+                assert len(server.connections) == 1  # no reconnect was needed
+                return [frame["id"] for frame in connection.of_type("event")]
+
+    sent = asyncio.run(scenario())
+
+    assert len(sent) == 3 and len(set(sent)) == 1  # refused twice, acked the third time
