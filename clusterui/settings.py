@@ -425,6 +425,7 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-heartbeats": every(1.0, "healthchecks.tasks.sweep_heartbeats"),
     "prune-rollups": every(3600.0, "nodes.tasks.prune_rollups"),
     "prune-changes": every(3600.0, "clusterui.tasks.prune_changes"),
+    "prune-event-receipts": every(3600.0, "nodes.tasks.prune_event_receipts"),
     "sweep-health-events": every(60.0, "healthchecks.tasks.sweep_health_events"),
     "expire-check-runs": every(30.0, "healthchecks.tasks.expire_check_runs"),
     "expire-agent-commands": every(30.0, "nodes.tasks.expire_commands"),
@@ -450,6 +451,8 @@ CLUSTERUI_HEARTBEAT_GRACE_S = envint("CLUSTERUI_HEARTBEAT_GRACE_S", 30)
 CLUSTERUI_ROLLUP_RETENTION_DAYS = envint("CLUSTERUI_ROLLUP_RETENTION_DAYS", 30)
 # Rows of the change feed (clusterui/changes.py) are kept this long.
 CLUSTERUI_CHANGE_RETENTION_DAYS = envint("CLUSTERUI_CHANGE_RETENTION_DAYS", 7)
+# How long an agent event's id is remembered (a resend within it is acked, not stored twice).
+CLUSTERUI_EVENT_RECEIPT_RETENTION_DAYS = envint("CLUSTERUI_EVENT_RECEIPT_RETENTION_DAYS", 30)
 # Bearer token Prometheus presents at /metrics; /metrics is off while it is unset.
 CLUSTERUI_METRICS_TOKEN = envsecret("CLUSTERUI_METRICS_TOKEN")
 # Node pages link to Grafana when this is set: a URL with {node} and {cluster} in it.

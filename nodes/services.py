@@ -4,6 +4,7 @@ import hashlib
 import secrets
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -13,7 +14,7 @@ from clusterui.services import record_audit
 from . import agent_work
 from .choices import NodeRole
 from .inventory import hello_gpu
-from .models import AgentCommand, AgentToken, Gpu, Node
+from .models import AgentCommand, AgentEventReceipt, AgentToken, Gpu, Node
 from .states import refresh_node_state
 
 
@@ -322,3 +323,12 @@ def do_record_command_result(node, *, command_id, status, message="", now=None):
         agent_work.finish(COMMANDS, command, status, message, now)
     command.refresh_from_db()
     return command
+
+
+def prune_event_receipts(now=None):
+    """Receipts of agent events older than CLUSTERUI_EVENT_RECEIPT_RETENTION_DAYS go (an
+    event resent after that is stored again). Returns how many."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(days=settings.CLUSTERUI_EVENT_RECEIPT_RETENTION_DAYS)
+    deleted, _ = AgentEventReceipt.objects.filter(received_at__lt=cutoff).delete()
+    return deleted

@@ -16,6 +16,12 @@ def prune_rollups():
 
 
 @shared_task
+def prune_event_receipts():
+    """Beat, hourly: agent event ids older than their retention are forgotten."""
+    return services.prune_event_receipts()
+
+
+@shared_task
 def expire_commands():
     """Beat, every 30 s: agent commands past their deadline time out (a reboot whose node
     came back with a new boot id is done)."""

@@ -4,17 +4,20 @@ once however many connections deliver it, and a failure answered with server_err
 
 import threading
 import uuid
+from datetime import timedelta
 
 import pytest
 from channels.db import database_sync_to_async
 from django.db import connection
+from django.utils import timezone
 
 from healthchecks import services as health_services
 from healthchecks.models import HealthEvent
 from nodes import ingest
 from nodes.ingest import EventOutcome, ingest_events
 from nodes.models import AgentEventReceipt
-from nodes.services import do_issue_join_token
+from nodes.services import do_issue_join_token, prune_event_receipts
+from nodes.tasks import prune_event_receipts as prune_task
 from nodes.tests.factories import GpuFactory, NodeFactory
 from nodes.tests.test_consumers import join, receive, send
 
@@ -227,3 +230,18 @@ async def test_an_event_not_stored_gets_server_error_with_retry_id_and_the_conne
     assert await receive(agent) == {"type": "ack", "ids": [lost["id"]]}
     assert await database_sync_to_async(HealthEvent.objects.count)() == 1
     await agent.disconnect()
+
+
+@pytest.mark.django_db
+def test_event_receipts_are_forgotten_after_their_retention(settings):
+    settings.CLUSTERUI_EVENT_RECEIPT_RETENTION_DAYS = 30
+    node, now = NodeFactory(), timezone.now()
+    old, recent = event_frame(), event_frame()
+    ingest_events([(node.pk, old)], now=now - timedelta(days=31))
+    ingest_events([(node.pk, recent)], now=now - timedelta(days=29))
+
+    assert prune_event_receipts(now=now) == 1
+    assert prune_task() == 0
+    # The old one, sent again, is stored again; the recent one is still a duplicate.
+    assert ingest_events([(node.pk, old), (node.pk, recent)]) == [
+        EventOutcome.STORED, EventOutcome.DUPLICATE]
