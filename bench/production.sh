@@ -50,3 +50,23 @@ _bench_cleanup() {
     rm -rf "$TMP"
     exit "$status"
 }
+
+# What the fan-out, storm and reconnect benches' run.sh do: check the virtualenv, bring
+# PostgreSQL and Redis up, make the run's folder (var/bench/NAME-<date>-<time>: logs,
+# fleet, results), and run the driver on core 1 with the arguments given.
+#
+#   bench_run NAME DRIVER [ARGS...]
+bench_run() {
+    local name=$1 driver=$2
+    shift 2
+    if ! "$PY" -c 'import daphne, psutil, redis, websockets' 2>/dev/null; then
+        echo "run.sh: .venv lacks daphne, psutil, redis or websockets; run 'make test' once" >&2
+        exit 2
+    fi
+    bench_production_up
+    export BENCH_WORKDIR="var/bench/$name-$(date +%Y%m%d-%H%M%S)"
+    mkdir -p "$BENCH_WORKDIR"
+    log "machine: $(nproc) cores, $(free -h | awk '/^Mem:/ {print $2}') memory; uptime before the run: $(uptime)"
+    "${PIN[@]}" "$PY" "$driver" "$@"
+    log "uptime after the run: $(uptime)"
+}

@@ -122,14 +122,6 @@ class EventOutcome(enum.Enum):
     FAILED = "failed"  # not stored (the database or a bug): the agent sends it again
 
 
-def ingest_event(node_id, frame, now=None):
-    """Store one agent event (ingest_events). True when it was new."""
-    (outcome,) = ingest_events([(node_id, frame)], now=now)
-    if outcome is EventOutcome.FAILED:
-        raise RuntimeError(f"event {frame['id']} was not stored (see the log)")
-    return outcome is EventOutcome.STORED
-
-
 def ingest_events(items, now=None):
     """Store a batch of agent events, [(node_id, frame)], each once by its id: open, count or
     clear the nodes' health events. Returns an EventOutcome per item.
@@ -140,15 +132,11 @@ def ingest_events(items, now=None):
     try:
         return _ingest_in_transaction(items, now)
     except Exception:
+        logger.exception("a batch of %d agent events failed", len(items))
+        if not connection.in_atomic_block:
+            connection.close_if_unusable_or_obsolete()  # a lost connection: retries reconnect
         if len({node_id for node_id, _ in items}) == 1:
-            logger.exception("%d agent event(s) of one node not stored", len(items))
-            if not connection.in_atomic_block:
-                connection.close_if_unusable_or_obsolete()
             return [EventOutcome.FAILED] * len(items)
-        logger.exception("a batch of %d agent events failed: storing it node by node",
-                         len(items))
-    if not connection.in_atomic_block:
-        connection.close_if_unusable_or_obsolete()  # a lost connection: the retries reconnect
     outcomes = [None] * len(items)
     by_node = defaultdict(list)
     for index, (node_id, _) in enumerate(items):

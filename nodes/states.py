@@ -120,17 +120,16 @@ def refresh_node_states(facts_of_node, *, actor=None, reasons=None, now=None):
             for name, value in updates.items():
                 setattr(node, name, value)
             state, state_reason = compute_state(facts_for(node, now))
-            if state_reason != node.state_reason:
-                updates["state_reason"] = state_reason
             if state != node.state:
-                updates.update(state=state, state_changed_at=now)
                 reason = reasons.get(node.pk) or state_reason
                 transitions.append(NodeTransition(
                     cluster_id=node.cluster_id, node=node, from_state=node.state, to_state=state,
                     reason=reason[:255], actor=actor, actor_name=actor_name(actor), at=now))
                 changed.append(node)
-            for name, value in updates.items():
-                setattr(node, name, value)
+                updates.update(state=state, state_changed_at=now)
+                node.state, node.state_changed_at = state, now
+            if state_reason != node.state_reason:
+                updates["state_reason"] = node.state_reason = state_reason
             if updates:
                 updated.append(node)
                 fields.update(updates)

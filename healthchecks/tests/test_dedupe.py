@@ -8,7 +8,7 @@ from django.db import connection
 
 from healthchecks.models import HealthEvent
 from healthchecks.services import do_close_health_event, do_record_health_event
-from nodes.ingest import ingest_event, ingest_events
+from nodes.ingest import EventOutcome, ingest_events
 from nodes.tests.factories import GpuFactory, NodeFactory
 
 STORM = 10_000
@@ -26,7 +26,8 @@ def xid_frame(gpu_uuid, count=None):
 @pytest.mark.django_db
 def test_a_storm_coalesced_by_the_agent_is_one_event():
     gpu = GpuFactory(uuid="GPU-dd6e")
-    ingest_event(gpu.node_id, xid_frame("GPU-dd6e", count=STORM))
+    assert ingest_events([(gpu.node_id, xid_frame("GPU-dd6e", count=STORM))]) == [
+        EventOutcome.STORED]
     (event,) = HealthEvent.objects.all()
     assert event.count == STORM
 
@@ -35,7 +36,7 @@ def test_a_storm_coalesced_by_the_agent_is_one_event():
 def test_a_storm_sent_line_by_line_is_one_event():
     gpu = GpuFactory(uuid="GPU-dd6e")
     for _ in range(500):  # one at a time, as at a trickle
-        ingest_event(gpu.node_id, xid_frame("GPU-dd6e"))
+        ingest_events([(gpu.node_id, xid_frame("GPU-dd6e"))])
     for _ in range(STORM // 500 - 1):  # in batches, as the server writes a storm
         ingest_events([(gpu.node_id, xid_frame("GPU-dd6e")) for _ in range(500)])
     (event,) = HealthEvent.objects.all()
