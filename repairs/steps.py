@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from healthchecks.checks import AFTER_REBOOT_CHECKS
@@ -227,7 +227,11 @@ def claim(step_id, now, holder):
             .select_related("repair__node__cluster", "repair__cluster").first())
     if step is None:
         return None
-    claimable = RepairStep.objects.filter(pk=step_id, repair__status=Status.RUNNING).filter(
+    # The conditions are on the step's own row, not through a join: PostgreSQL checks them
+    # again on the row another delivery has just changed, which a join's subquery escapes.
+    repair_running = Exists(Repair.objects.filter(pk=OuterRef("repair_id"),
+                                                  status=Status.RUNNING))
+    claimable = RepairStep.objects.filter(repair_running, pk=step_id).filter(
         Q(status=StepStatus.PENDING)
         | Q(status=StepStatus.WAITING, next_check_at__lte=now + DUE_EARLY)
         | Q(status=StepStatus.RUNNING, lease_until__lte=now)
