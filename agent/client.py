@@ -57,6 +57,15 @@ def backoff_delay(attempt, rng=random, base_s=BACKOFF_BASE_S, cap_s=BACKOFF_CAP_
     return rng.uniform(0, backoff_ceiling(attempt, base_s, cap_s))
 
 
+def retry_after(error):
+    """How long to wait before sending again what `error` answered: its retry_after_s,
+    kept within bounds, or RETRY_AFTER_DEFAULT_S."""
+    delay = error.get("retry_after_s")
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay):
+        return RETRY_AFTER_DEFAULT_S
+    return min(max(float(delay), RETRY_AFTER_MIN_S), RETRY_AFTER_MAX_S)
+
+
 class AgentClient:
     def __init__(
         self,
@@ -267,13 +276,25 @@ class AgentClient:
         try:
             await ws.send(protocol.encode(hello))
             try:
-                async with asyncio.timeout(WELCOME_TIMEOUT_S):
+                async with asyncio.timeout(WELCOME_TIMEOUT_S) as welcome_due:
                     while True:
                         frame = _parse(await ws.recv())
-                        if frame is not None:
-                            await self._handle(ws, frame)
-                            if frame["type"] == "welcome":
-                                break
+                        if frame is None:
+                            continue
+                        if frame["type"] == "error" and frame.get("code") == "server_error":
+                            # The server could not take the hello (its database is away):
+                            # say it again on this connection after a while.
+                            delay = retry_after(frame)
+                            log.warning("the server could not take the hello (%s); again in "
+                                        "%.1f s", frame.get("message"), delay)
+                            await asyncio.sleep(delay)
+                            await ws.send(protocol.encode(hello))
+                            welcome_due.reschedule(
+                                asyncio.get_running_loop().time() + WELCOME_TIMEOUT_S)
+                            continue
+                        await self._handle(ws, frame)
+                        if frame["type"] == "welcome":
+                            break
             except TimeoutError:
                 log.error("the server sent no welcome within %.0f s", WELCOME_TIMEOUT_S)
                 return
@@ -470,11 +491,7 @@ class AgentClient:
         if isinstance(retry_id, str) and self._outbox.get(retry_id) is not None:
             # Not stored (the server's database was away, a rate limit): the event stays
             # in the outbox and goes again after retry_after_s (PROTOCOL.md).
-            delay = frame.get("retry_after_s")
-            if isinstance(delay, bool) or not isinstance(delay, (int, float)) or \
-                    not math.isfinite(delay):
-                delay = RETRY_AFTER_DEFAULT_S
-            delay = min(max(float(delay), RETRY_AFTER_MIN_S), RETRY_AFTER_MAX_S)
+            delay = retry_after(frame)
             log.info("the server asks for event %s again in %.1f s", retry_id, delay)
             asyncio.get_running_loop().call_later(
                 delay, lambda: self._spawn(self._resend(retry_id)))

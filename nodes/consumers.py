@@ -17,6 +17,7 @@ from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
+from django.db import DatabaseError, InterfaceError
 from redis.exceptions import RedisError
 
 from clusterui.models import Cluster
@@ -55,6 +56,12 @@ def on_hello_threads(func):
 # What the channel layer raises while Redis is away (channels_redis, redis-py).
 LAYER_ERRORS = (RedisError, OSError)
 LAYER_RETRY_MAX_S = 5.0
+# What Django raises while PostgreSQL is away (a connection refused, or one that broke).
+DATABASE_ERRORS = (DatabaseError, InterfaceError)
+LAYER_MESSAGE_TRIES = 6  # 0.25 ... 4 s apart: about 8 s
+
+# The connection's grant when the database could not be asked at connect.
+TOKEN_NOT_CHECKED = object()
 
 
 def bearer_token(scope):
@@ -76,7 +83,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.bad_frames = deque()
         self.memory_totals = {}
         self.live_store = get_live_store()
-        self.grant = await on_hello_threads(ingest.authenticate)(bearer_token(self.scope))
+        self.token = bearer_token(self.scope)
+        try:
+            self.grant = await on_hello_threads(ingest.authenticate)(self.token)
+        except DATABASE_ERRORS as exc:  # the hello checks it again
+            logger.warning("agent token not checked at connect (%s); it is at the hello", exc)
+            self.grant = TOKEN_NOT_CHECKED
         await self.accept()
         if self.grant is None:
             await self.close_with(CLOSE_BAD_TOKEN)
@@ -140,13 +152,29 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 if failures:
                     logger.info("channel layer reachable again after %d tries", failures)
                     failures = 0
-                async with self._one_at_a_time:
-                    await self.dispatch(message)
+                await self._dispatch_layer_message(message)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer's task, as Channels does
             self._layer_error = exc
             consumer_task.cancel()
+
+    async def _dispatch_layer_message(self, message):
+        """A message from the layer that fails (a work offer while the database is away) is
+        tried again for a while; after that the connection ends, and the agent's next hello
+        gets all its queued work."""
+        for attempt in range(LAYER_MESSAGE_TRIES):
+            try:
+                async with self._one_at_a_time:
+                    await self.dispatch(message)
+                return
+            except Exception:  # noqa: BLE001 - tried again, then it ends the connection
+                if attempt == LAYER_MESSAGE_TRIES - 1:
+                    raise
+                if attempt == 0:
+                    logger.exception("%s for node %s failed; trying again", message["type"],
+                                     self.node_id)
+                await asyncio.sleep(min(LAYER_RETRY_MAX_S, 0.25 * 2 ** attempt))
 
     async def dispatch(self, message):
         # Channels closes stale database connections before every message: a hop to a worker
@@ -194,7 +222,17 @@ class AgentConsumer(AsyncWebsocketConsumer):
         except BadFrame as exc:
             await self.refuse(exc)
             return
-        await getattr(self, f"on_{frame['type']}")(frame)
+        try:
+            await getattr(self, f"on_{frame['type']}")(frame)
+        except StopConsumer:
+            raise
+        except DATABASE_ERRORS as exc:  # PROTOCOL.md: answered, and the connection stays
+            logger.warning("agent %s frame of node %s not handled: %s", frame["type"],
+                           self.node_id, exc)
+            await self.send_server_error(frame)
+        except Exception:  # noqa: BLE001 - a bug: answered the same way
+            logger.exception("agent %s frame of node %s not handled", frame["type"], self.node_id)
+            await self.send_server_error(frame)
 
     async def refuse(self, exc):
         now = time.monotonic()
@@ -212,7 +250,20 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def send_frame(self, frame):
         await self.send(text_data=json.dumps(frame))
 
+    async def send_server_error(self, frame):
+        """`frame` was not handled (the database or a bug): an event goes again later."""
+        error = {"type": "error", "code": "server_error",
+                 "message": f"the {frame['type']} was not handled; send it again later"}
+        if frame["type"] == "event":
+            error["retry_id"] = frame["id"]
+        await self.send_frame(error)
+
     async def on_hello(self, frame):
+        if self.grant is TOKEN_NOT_CHECKED:
+            self.grant = await on_hello_threads(ingest.authenticate)(self.token)
+            if self.grant is None:
+                await self.close_with(CLOSE_BAD_TOKEN)
+                return
         outcome = await on_hello_threads(ingest.accept_hello)(self.grant, frame)
         if outcome.close_code is not None:
             logger.info("agent hello refused (%s): %s", outcome.close_code, outcome.reason)
@@ -260,9 +311,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def on_event(self, frame):
         outcome = await event_writer().store(self.node_id, frame)
         if outcome is ingest.EventOutcome.FAILED:
-            await self.send_frame({"type": "error", "code": "server_error",
-                                   "message": "the event was not stored; send it again later",
-                                   "retry_id": frame["id"]})
+            await self.send_server_error(frame)
             return
         await self.send_frame({"type": "ack", "ids": [frame["id"]]})
 

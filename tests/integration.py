@@ -8,11 +8,15 @@ failed, prints the tail of every log.
 """
 
 import json
+import os
+import pwd
+import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -53,9 +57,13 @@ class Process:
             log.flush()
             self.process = subprocess.Popen(
                 self.argv, cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                stdin=subprocess.DEVNULL, preexec_fn=self.before_exec,
             )
         return self
+
+    def before_exec(self):
+        """In the child, before exec."""
+        _die_with_parent()
 
     @property
     def pid(self):
@@ -125,6 +133,75 @@ class Process:
         if self.process is not None and self.process.poll() is not None:
             raise AssertionError(f"{self.name} exited with status {self.process.returncode}:\n"
                                  f"{self.log_tail()}")
+
+
+class Postgres(Process):
+    """A PostgreSQL server of a test's own (Debian's packages, as scripts/services.sh starts
+    the suite's), on a free loopback port, its data in a temporary directory that stop()
+    removes. Its own, so that stopping it leaves the suite's database alone."""
+
+    def __init__(self, name, *, env, log_path):
+        bindir = max(Path("/usr/lib/postgresql").glob("*/bin/postgres"),
+                     key=lambda path: int(path.parent.parent.name)).parent
+        self.port = free_port()
+        # In /tmp, and owned by the postgres user where we are root (postgres refuses root).
+        self.root = Path(tempfile.mkdtemp(prefix="clusterui-test-pg-", dir="/tmp"))
+        self.root.chmod(0o755)
+        self.data = self.root / "data"
+        self.user = pwd.getpwnam("postgres") if os.getuid() == 0 else None
+        if self.user is not None:
+            os.chown(self.root, self.user.pw_uid, self.user.pw_gid)
+        subprocess.run([bindir / "initdb", "-D", self.data, "-U", "postgres", "--auth=trust",
+                        "--encoding=UTF8", "--no-locale", "--no-sync"],
+                       preexec_fn=self._as_postgres_user, check=True, capture_output=True)
+        with (self.data / "postgresql.conf").open("a") as conf:
+            conf.write(f"listen_addresses = '127.0.0.1'\nport = {self.port}\n"
+                       f"unix_socket_directories = '{self.root}'\nfsync = off\n"
+                       "full_page_writes = off\n")
+        super().__init__(name, [bindir / "postgres", "-D", self.data], env=env,
+                         log_path=log_path)
+
+    def _as_postgres_user(self):
+        if self.user is not None:
+            os.setgid(self.user.pw_gid)
+            os.setuid(self.user.pw_uid)
+
+    def before_exec(self):
+        self._as_postgres_user()
+        _die_with_parent()  # after setuid(), which clears it
+
+    def url(self, dbname="postgres"):
+        return f"postgres://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    def connect(self, dbname="postgres"):
+        import psycopg
+
+        return psycopg.connect(self.url(dbname), autocommit=True, connect_timeout=2)
+
+    def wait_ready(self, timeout=30.0):
+        def ready():
+            self.check_running()
+            try:
+                self.connect().close()
+                return True
+            except Exception:  # noqa: BLE001 - not accepting connections yet
+                return False
+
+        wait_until(ready, timeout=timeout, what=f"{self.name} accepts connections",
+                   interval=0.1)
+        return self
+
+    def stop(self, timeout=10.0):
+        """A fast shutdown (SIGINT): open transactions are rolled back and every connection
+        is dropped, as in a restart."""
+        if self.running():
+            self.process.send_signal(signal.SIGINT)
+            self.process.wait(timeout=timeout)
+            self._note(f"stopped (exit status {self.process.returncode})")
+
+    def remove(self):
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 class Daphne(Process):

@@ -32,6 +32,7 @@ class FakeServer:
         self.ack_events = True
         self.refuse_events = False  # answer events with an error frame naming the id
         self.server_errors = 0  # answer this many events with server_error and retry_id
+        self.hello_server_errors = 0  # answer this many hellos with server_error
         self.retry_after_s = None  # sent with them, when set
         self.welcome_interval_s = None  # sample_interval_s in welcome, when set
         self.startup_scripts = []
@@ -81,7 +82,14 @@ class FakeServer:
         async for message in ws:
             frame = json.loads(message)
             connection.frames.append(frame)
-            if frame["type"] == "hello":
+            if frame["type"] == "hello" and self.hello_server_errors:
+                self.hello_server_errors -= 1
+                error = {"type": "error", "code": "server_error",
+                         "message": "the hello was not handled"}
+                if self.retry_after_s is not None:
+                    error["retry_after_s"] = self.retry_after_s
+                await ws.send(json.dumps(error))
+            elif frame["type"] == "hello":
                 await self._welcome(ws, connection, authorization)
             elif frame["type"] == "event" and self.refuse_events:
                 await ws.send(

@@ -420,6 +420,23 @@ def test_an_event_too_large_to_send_is_not_kept(tmp_path, caplog):
     client._outbox.close()
 
 
+def test_a_hello_the_server_could_not_take_is_said_again_on_the_same_connection(tmp_path):
+    """server_error before welcome (the server's database is away): the agent says hello
+    again after retry_after_s instead of waiting out the welcome timeout."""
+    async def scenario():
+        async with FakeServer() as server:
+            server.hello_server_errors, server.retry_after_s = 2, 0.2
+            client = make_client(server, tmp_path)
+            async with running(client):
+                await until(lambda: server.connections and server.connections[0].welcomed)
+                return server.connections
+
+    connections = asyncio.run(scenario())
+
+    assert len(connections) == 1
+    assert len(connections[0].of_type("hello")) == 3
+
+
 def test_an_event_the_server_could_not_store_is_sent_again_after_retry_after_s(tmp_path):
     """`error` with retry_id (PROTOCOL.md: server_error, rate_limited): the event stays in
     the outbox and goes again on the same connection once retry_after_s has passed."""
