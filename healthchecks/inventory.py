@@ -27,7 +27,7 @@ from .models import HealthEvent
 from .services import do_close_health_event, do_record_health_event
 
 
-@transaction.atomic
+@transaction.atomic(savepoint=False)  # on every hello: no caller goes on after an error
 def do_judge_inventory(node, *, now=None):
     """After a hello: inventory GPUs absent from it are marked missing and get a gpu_lost,
     unless one is open on them (a repeated hello is not a new loss). One present again
@@ -38,8 +38,10 @@ def do_judge_inventory(node, *, now=None):
     in_hello = {gpu["uuid"] for gpu in hello}
     inventory = list(node.gpus.in_inventory())
     missing = [gpu for gpu in inventory if gpu.uuid not in in_hello]
-    Gpu.objects.filter(pk__in=[gpu.pk for gpu in inventory if gpu.uuid in in_hello],
-                       missing_since__isnull=False).update(missing_since=None)
+    found_again = [gpu.pk for gpu in inventory
+                   if gpu.uuid in in_hello and gpu.missing_since is not None]
+    if found_again:
+        Gpu.objects.filter(pk__in=found_again).update(missing_since=None)
     Gpu.objects.filter(pk__in=[gpu.pk for gpu in missing if gpu.missing_since is None]).update(
         missing_since=now)
     lost_open = set(HealthEvent.objects.open().filter(signature=GPU_LOST, gpu__in=missing)

@@ -287,9 +287,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if outcome.node_token is not None:
             welcome["node_token"] = outcome.node_token
         await self.send_frame(welcome)
-        await self.send_frame(await on_hello_threads(ingest.config_frame)(self.node_id))
-        for work in await on_hello_threads(ingest.work_frames_after_hello)(self.node_id):
-            await self.send_frame(work)
+        for after_welcome in await on_hello_threads(ingest.frames_after_welcome)(self.node_id):
+            await self.send_frame(after_welcome)
 
     async def agent_replaced(self, message):
         """A newer connection for this node said hello: this one goes (PROTOCOL.md, 4409)."""

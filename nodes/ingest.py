@@ -270,6 +270,11 @@ def record_command_result(node_id, frame, now=None):
     return command is not None
 
 
+def frames_after_welcome(node_id):
+    """What follows a welcome: config, then every piece of work still owed."""
+    return [config_frame(node_id), *work_frames_after_hello(node_id)]
+
+
 def config_frame(node_id):
     """The `config` frame for the node: its cluster's startup scripts for its role."""
     return config_frame_for(node_id, sample_interval_s())

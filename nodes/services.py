@@ -30,7 +30,7 @@ def do_register_node(cluster, name, *, hostname="", actor=None, now=None):
     return node
 
 
-@transaction.atomic
+@transaction.atomic(savepoint=False)  # on every hello: no caller goes on after an error
 def do_record_hello(node, *, boot_id, agent_version="", gpus=(), slurm=None, now=None):
     """A hello from the node's agent: it is connected; a new boot_id means it rebooted.
     `slurm` is the hello's {"state", "reason"} (None: the node runs no Slurm).

@@ -111,7 +111,9 @@ def refresh_node_states(facts_of_node, *, actor=None, reasons=None, now=None):
     now = now or timezone.now()
     reasons = reasons or {}
     changed, transitions, updated, fields = [], [], [], set()
-    with transaction.atomic():
+    # No savepoint: it runs on every hello and event batch, and no caller goes on after an
+    # error inside.
+    with transaction.atomic(savepoint=False):
         nodes = (Node.objects.filter(pk__in=list(facts_of_node)).order_by("pk")
                  .select_for_update(no_key=True))
         for node in nodes:

@@ -69,10 +69,16 @@ class ReconnectingAgent(storm.StormAgent):
             attempt += 1
 
 
-def start_daphne(port, workdir, n):
-    logfile = open(workdir / f"daphne-{n}.log", "w")
-    argv = ingest.pinned(0, [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                             "clusterui.asgi:application"])
+def start_server(kind, port, workdir, n):
+    logfile = open(workdir / f"{kind}-{n}.log", "w")
+    if kind == "daphne":
+        argv = [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                "clusterui.asgi:application"]
+    else:
+        argv = [PY, "-m", "uvicorn", "clusterui.asgi:application", "--host", "127.0.0.1",
+                "--port", str(port), "--lifespan", "off", "--loop", "uvloop",
+                "--log-level", "warning"]
+    argv = ingest.pinned(0, argv)
     proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, "LOG_LEVEL": "WARNING"},
                             stdout=logfile, stderr=subprocess.STDOUT)
     return proc
@@ -89,7 +95,7 @@ def listening(port):
 async def wait_listening(port, proc):
     while not listening(port):
         if proc.poll() is not None:
-            raise SystemExit(f"daphne exited ({proc.returncode})")
+            raise SystemExit(f"the server exited ({proc.returncode})")
         await asyncio.sleep(0.05)
     return time.time()
 
@@ -102,7 +108,7 @@ async def run(args, fleet, port, workdir):
     url = f"ws://127.0.0.1:{port}/ws/agent/"
     agents = [ReconnectingAgent(entry["node"], entry["token"], url, node_metrics,
                                 tracker=tracker) for entry in fleet["nodes"]]
-    server = start_daphne(port, workdir, 1)
+    server = start_server(args.server, port, workdir, 1)
     await wait_listening(port, server)
     pacer = storm.Pacer(agents, args.sample_hz, random.Random(1),
                         argparse.Namespace(new=0, clear=0))
@@ -132,9 +138,9 @@ async def run(args, fleet, port, workdir):
     server.send_signal(signal.SIGKILL)
     server.wait()
     killed_at = time.time()
-    server = start_daphne(port, workdir, 2)
+    server = start_server(args.server, port, workdir, 2)
     listening_at = await wait_listening(port, server)
-    log(f"daphne killed and started again: listening {listening_at - killed_at:.1f} s later")
+    log(f"{args.server} killed and started again: listening {listening_at - killed_at:.1f} s later")
     deadline = listening_at + args.limit_s
     while time.time() < deadline:
         if all(any(at > killed_at for at in agent.welcomes) for agent in agents):
@@ -164,6 +170,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=4000)
     parser.add_argument("--sample-hz", type=float, default=1.0)
+    parser.add_argument("--server", choices=["daphne", "uvicorn"], default="daphne",
+                        help="what serves the agent socket (uvicorn: with uvloop)")
     parser.add_argument("--settle-s", type=float, default=10.0)
     parser.add_argument("--limit-s", type=float, default=180.0,
                         help="after the restart, at most this long for the agents to come back")
@@ -179,7 +187,7 @@ def main():
     figures = asyncio.run(run(args, fleet, ingest.free_port(), workdir))
     print()
     print(f"reconnect bench, {datetime.date.today()}, {os.cpu_count()} cores, production "
-          f"mode, daphne x1, {args.nodes} nodes, samples at {args.sample_hz:g} Hz")
+          f"mode, {args.server} x1, {args.nodes} nodes, samples at {args.sample_hz:g} Hz")
     print(" ".join(sys.argv))
     print(json.dumps(figures))
     (workdir / "results.json").write_text(json.dumps({"argv": sys.argv, **figures}, indent=1))
