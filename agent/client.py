@@ -281,12 +281,13 @@ class AgentClient:
                         frame = _parse(await ws.recv())
                         if frame is None:
                             continue
-                        if frame["type"] == "error" and frame.get("code") == "server_error":
-                            # The server could not take the hello (its database is away):
-                            # say it again on this connection after a while.
+                        if frame["type"] == "error" and frame.get("code") in (
+                                "server_error", "rate_limited"):
+                            # The server could not take the hello now (its database is
+                            # away, it has many in hand): say it again on this connection.
                             delay = retry_after(frame)
-                            log.warning("the server could not take the hello (%s); again in "
-                                        "%.1f s", frame.get("message"), delay)
+                            log.warning("the server could not take the hello (%s: %s); again "
+                                        "in %.1f s", frame["code"], frame.get("message"), delay)
                             await asyncio.sleep(delay)
                             await ws.send(protocol.encode(hello))
                             welcome_due.reschedule(

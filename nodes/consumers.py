@@ -8,6 +8,7 @@ nodes.ingest in a worker thread and events to the process's batch writer
 import asyncio
 import json
 import logging
+import random
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +46,31 @@ CLOSE_TOO_BIG = 1009
 # they would queue behind each other and behind the event writer.
 HELLO_THREADS = 4
 HELLO_POOL = ThreadPoolExecutor(max_workers=HELLO_THREADS, thread_name_prefix="agent-hello")
+
+
+class HelloAdmission:
+    """How many hellos this process has in hand. Past `limit` (a couple of seconds of work)
+    a hello is answered rate_limited at once: left to queue, it would wait past the agent's
+    welcome timeout, and the work done for it would be lost when the agent gives up."""
+
+    def __init__(self, limit, retry_after_s):
+        self.limit, self.retry_after_s, self.in_hand = limit, retry_after_s, 0
+
+    def admit(self):
+        if self.in_hand >= self.limit:
+            return False
+        self.in_hand += 1
+        return True
+
+    def done(self):
+        self.in_hand -= 1
+
+    def retry_after(self):
+        """Spread over 0.5-1.5 times retry_after_s, so refused agents come back apart."""
+        return round(self.retry_after_s * random.uniform(0.5, 1.5), 1)
+
+
+HELLOS = HelloAdmission(limit=64, retry_after_s=5.0)
 
 
 def on_hello_threads(func):
@@ -259,6 +285,18 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.send_frame(error)
 
     async def on_hello(self, frame):
+        if not HELLOS.admit():
+            await self.send_frame({"type": "error", "code": "rate_limited",
+                                   "message": "the server has many hellos in hand; say hello "
+                                              "again after retry_after_s",
+                                   "retry_after_s": HELLOS.retry_after()})
+            return
+        try:
+            await self.welcome(frame)
+        finally:
+            HELLOS.done()
+
+    async def welcome(self, frame):
         if self.grant is TOKEN_NOT_CHECKED:
             self.grant = await on_hello_threads(ingest.authenticate)(self.token)
             if self.grant is None:

@@ -32,7 +32,7 @@ class FakeServer:
         self.ack_events = True
         self.refuse_events = False  # answer events with an error frame naming the id
         self.server_errors = 0  # answer this many events with server_error and retry_id
-        self.hello_server_errors = 0  # answer this many hellos with server_error
+        self.hello_errors = []  # answer the first hellos with error frames of these codes
         self.retry_after_s = None  # sent with them, when set
         self.welcome_interval_s = None  # sample_interval_s in welcome, when set
         self.startup_scripts = []
@@ -82,9 +82,8 @@ class FakeServer:
         async for message in ws:
             frame = json.loads(message)
             connection.frames.append(frame)
-            if frame["type"] == "hello" and self.hello_server_errors:
-                self.hello_server_errors -= 1
-                error = {"type": "error", "code": "server_error",
+            if frame["type"] == "hello" and self.hello_errors:
+                error = {"type": "error", "code": self.hello_errors.pop(0),
                          "message": "the hello was not handled"}
                 if self.retry_after_s is not None:
                     error["retry_after_s"] = self.retry_after_s

@@ -421,11 +421,13 @@ def test_an_event_too_large_to_send_is_not_kept(tmp_path, caplog):
 
 
 def test_a_hello_the_server_could_not_take_is_said_again_on_the_same_connection(tmp_path):
-    """server_error before welcome (the server's database is away): the agent says hello
-    again after retry_after_s instead of waiting out the welcome timeout."""
+    """server_error or rate_limited before welcome (the server's database is away, it has
+    many hellos in hand): the agent says hello again after retry_after_s instead of waiting
+    out the welcome timeout."""
     async def scenario():
         async with FakeServer() as server:
-            server.hello_server_errors, server.retry_after_s = 2, 0.2
+            server.hello_errors = ["server_error", "rate_limited"]
+            server.retry_after_s = 0.2
             client = make_client(server, tmp_path)
             async with running(client):
                 await until(lambda: server.connections and server.connections[0].welcomed)

@@ -36,6 +36,7 @@ from websockets.asyncio.client import connect  # noqa: E402
 from websockets.exceptions import ConnectionClosed  # noqa: E402
 
 from agent import protocol  # noqa: E402
+from agent.client import retry_after  # noqa: E402
 from agent.backends import simulated  # noqa: E402
 from agent.node_metrics import NodeMetrics  # noqa: E402
 
@@ -64,7 +65,10 @@ class Agent:
         self.built_at = time.monotonic() - REFRESH_S * random.random()
         self.errors = 0
 
-    async def start(self, compression, open_timeout=300):
+    async def start(self, compression, open_timeout=300, welcome_timeout=None):
+        """Connect and say hello; wait for the welcome (welcome_timeout, by default
+        open_timeout), from each answer that asks for the hello again."""
+        welcome_timeout = welcome_timeout or open_timeout
         self.ws = await connect(
             self.url,
             additional_headers={"Authorization": f"Bearer {self.token}"},
@@ -80,11 +84,17 @@ class Agent:
             gpus=self.backend.gpus(), slurm=None,
         )
         await self.ws.send(protocol.encode(hello))
-        async with asyncio.timeout(open_timeout):
+        async with asyncio.timeout(welcome_timeout) as welcome_due:
             while True:
                 frame = json.loads(await self.ws.recv())
                 if frame["type"] == "welcome":
                     break
+                if frame["type"] == "error" and frame.get("code") in ("server_error",
+                                                                      "rate_limited"):
+                    # As agent.client does: the same hello again on this connection.
+                    await asyncio.sleep(retry_after(frame))
+                    await self.ws.send(protocol.encode(hello))
+                    welcome_due.reschedule(asyncio.get_running_loop().time() + welcome_timeout)
         asyncio.get_running_loop().create_task(self.read())
 
     async def read(self):

@@ -86,8 +86,8 @@ class StormAgent(loadgen.Agent):
         self.commands = []  # (received, frame)
         self.welcomed = False
 
-    async def start(self, compression, open_timeout=300):
-        await super().start(compression, open_timeout)
+    async def start(self, compression, open_timeout=300, welcome_timeout=None):
+        await super().start(compression, open_timeout, welcome_timeout)
         self.welcomed = True
 
     async def read(self):

@@ -1,13 +1,17 @@
-"""What the agent WebSocket does when the server itself fails (PostgreSQL away, a bug): every
-frame is answered `server_error` and the connection stays (PROTOCOL.md), a hello too, so the
-agent says it again; a token that could not be checked at connect is checked at the hello;
-a work offer that fails is tried again."""
+"""What the agent WebSocket does when the server itself fails (PostgreSQL away, a bug) or has
+more hellos in hand than it can soon answer: every frame is answered (`server_error`,
+`rate_limited`) and the connection stays (PROTOCOL.md), so the agent says it again; a token
+that could not be checked at connect is checked at the hello; a work offer that fails is
+tried again."""
+
+import asyncio
+import threading
 
 import pytest
 from channels.db import database_sync_to_async
 from django.db import OperationalError
 
-from nodes import ingest
+from nodes import consumers, ingest
 from nodes.models import AgentCommand, Node
 from nodes.publisher import Publisher
 from nodes.services import do_issue_join_token, do_send_command
@@ -106,3 +110,36 @@ async def test_a_work_offer_that_fails_is_tried_again_until_it_goes_out(join_tok
     command = await database_sync_to_async(AgentCommand.objects.get)(pk=command.pk)
     assert command.status == AgentCommand.Status.SENT
     await agent.disconnect()
+
+
+async def test_past_the_hellos_in_hand_a_hello_is_answered_rate_limited_at_once(
+        join_token, monkeypatch):
+    monkeypatch.setattr(consumers, "HELLOS", consumers.HelloAdmission(limit=1,
+                                                                      retry_after_s=4.0))
+    release = threading.Event()
+    original = ingest.accept_hello
+
+    def slow_hello(grant, frame, now=None):
+        release.wait(5)
+        return original(grant, frame, now)
+
+    monkeypatch.setattr(ingest, "accept_hello", slow_hello)
+    first, second = await connect(join_token), await connect(join_token)
+    await send(first, hello("gpu-001"))
+    await asyncio.sleep(0.2)  # in hand now
+    await send(second, hello("gpu-002"))
+    refused = await receive(second)
+    assert (refused["type"], refused["code"]) == ("error", "rate_limited")
+    assert 2.0 <= refused["retry_after_s"] <= 6.0
+
+    release.set()
+    assert (await receive(first))["type"] == "welcome"
+    assert (await receive(first))["type"] == "config"  # the first hello is over
+    await send(second, hello("gpu-002"))  # the same connection, once the agent has waited
+    assert (await receive(second))["type"] == "welcome"
+    assert (await receive(second))["type"] == "config"
+    async with asyncio.timeout(2):
+        while consumers.HELLOS.in_hand:  # both hellos are over and out of hand
+            await asyncio.sleep(0.01)
+    await first.disconnect()
+    await second.disconnect()
