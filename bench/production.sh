@@ -54,18 +54,44 @@ _bench_cleanup() {
 # What the fan-out, storm and reconnect benches' run.sh do: check the virtualenv, bring
 # PostgreSQL and Redis up, make the run's folder (var/bench/NAME-<date>-<time>: logs,
 # fleet, results), and run the driver on core 1 with the arguments given.
+# bench_run_embedded does the same in embedded mode: no PostgreSQL or Redis, but SQLite
+# files in the run's folder (data/), as `make demo` runs.
 #
 #   bench_run NAME DRIVER [ARGS...]
+#   bench_run_embedded NAME DRIVER [ARGS...]
 bench_run() {
-    local name=$1 driver=$2
-    shift 2
+    _bench_check_venv
+    bench_production_up
+    _bench_drive "$@"
+}
+
+bench_run_embedded() {
+    _bench_check_venv
+    PIN=()
+    if [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
+        PIN=(taskset -c 1)
+    fi
+    export CLUSTERUI_MODE=embedded
+    unset DATABASE_URL REDIS_URL CELERY_BROKER_URL
+    _bench_drive "$@"
+}
+
+_bench_check_venv() {
     if ! "$PY" -c 'import daphne, psutil, redis, websockets' 2>/dev/null; then
         echo "run.sh: .venv lacks daphne, psutil, redis or websockets; run 'make test' once" >&2
         exit 2
     fi
-    bench_production_up
+}
+
+_bench_drive() {
+    local name=$1 driver=$2
+    shift 2
     export BENCH_WORKDIR="var/bench/$name-$(date +%Y%m%d-%H%M%S)"
     mkdir -p "$BENCH_WORKDIR"
+    if [ "${CLUSTERUI_MODE:-embedded}" = embedded ]; then
+        export CLUSTERUI_DATA_DIR="$PWD/$BENCH_WORKDIR/data"
+        mkdir -p "$CLUSTERUI_DATA_DIR"
+    fi
     log "machine: $(nproc) cores, $(free -h | awk '/^Mem:/ {print $2}') memory; uptime before the run: $(uptime)"
     "${PIN[@]}" "$PY" "$driver" "$@"
     log "uptime after the run: $(uptime)"

@@ -1,8 +1,10 @@
 """The storm benchmark: does the control loop keep working through an event storm?
 
     bench/storm/run.sh [--nodes 2000] [--rates 100,200,500,1000,1500,2000] [--step-s 20]
+    bench/storm/embedded.sh --nodes 1000 --rates 100,200,300
 
-Production mode (bench/storm/run.sh: a throwaway PostgreSQL and Redis), one daphne
+Production mode (bench/storm/run.sh: a throwaway PostgreSQL and Redis), or embedded mode
+(bench/storm/embedded.sh: SQLite files in the run's folder, as `make demo`), one daphne
 process on core 0, and on core 1 the Celery workers as README.md runs them (one for the
 sweeps queue, one for the rest; one process each), the beat, PostgreSQL, Redis and this
 driver. The driver holds every node's agent connection
@@ -33,6 +35,7 @@ import json
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -247,16 +250,40 @@ ACTIVITY = """SELECT pid, state, wait_event_type, wait_event,
 
 
 def database_activity():
-    """What PostgreSQL's sessions are doing now (pg_stat_activity), for the run's log."""
+    """What PostgreSQL's sessions are doing now (pg_stat_activity), for the run's log;
+    nothing in embedded mode (SQLite has no such view)."""
     from django.db import connection
 
+    if connection.vendor != "postgresql":
+        return []
     with connection.cursor() as cursor:
         cursor.execute(ACTIVITY)
         return cursor.fetchall()
 
 
-def queue_depth(client):
-    return {queue: client.llen(queue) for queue in QUEUES}
+def queue_depth_reader():
+    """A function returning {queue: messages waiting}: Redis lists in production mode, the
+    SQLite broker's visible messages (kombu's SQLAlchemy transport) in embedded mode."""
+    from django.conf import settings
+
+    if settings.REDIS_URL:
+        client = redis.Redis.from_url(settings.REDIS_URL)
+        return lambda: {queue: client.llen(queue) for queue in QUEUES}
+    broker = settings.CELERY_BROKER_URL.removeprefix("sqla+sqlite:///")
+
+    def sqlite_depths():
+        depths = dict.fromkeys(QUEUES, 0)
+        with sqlite3.connect(f"file:{broker}?mode=ro", uri=True, timeout=5) as db:
+            try:
+                rows = db.execute("SELECT q.name, count(*) FROM kombu_message m JOIN "
+                                  "kombu_queue q ON m.queue_id = q.id WHERE m.visible "
+                                  "GROUP BY q.name").fetchall()
+            except sqlite3.OperationalError:  # no tables before the first message
+                rows = []
+        depths.update(rows)
+        return depths
+
+    return sqlite_depths
 
 
 def ms(seconds):
@@ -264,7 +291,7 @@ def ms(seconds):
     return None if seconds is None or seconds == float("inf") else round(seconds * 1000)
 
 
-async def measure_rate(rate, args, pacer, processes, client):
+async def measure_rate(rate, args, pacer, processes, queue_depth):
     tracker = pacer.tracker
     pacer.event_rate = rate
     await asyncio.sleep(args.warmup_s)
@@ -278,7 +305,7 @@ async def measure_rate(rate, args, pacer, processes, client):
     with open(processes.workdir / "database-activity.log", "a") as activity_log:
         while time.time() - t0 < args.step_s:
             await asyncio.sleep(0.5)
-            for queue, depth in queue_depth(client).items():
+            for queue, depth in (await asyncio.to_thread(queue_depth)).items():
                 deepest[queue] = max(deepest[queue], depth)
             rows = await asyncio.to_thread(database_activity)
             activity_log.write(f"--- {rate} events/s, {time.time() - t0:.1f} s into the step\n")
@@ -406,7 +433,7 @@ async def drain(tracker, limit_s):
     return None
 
 
-async def run(args, fleet, processes, client):
+async def run(args, fleet, processes, queue_depth):
     tracker = Tracker()
     node_metrics = loadgen.NodeMetrics()
     await asyncio.sleep(0.2)
@@ -430,7 +457,7 @@ async def run(args, fleet, processes, client):
     steps = []
     try:
         for rate in args.rates:
-            step = await measure_rate(rate, args, pacer, processes, client)
+            step = await measure_rate(rate, args, pacer, processes, queue_depth)
             log(step_line(step))
             steps.append(step)
             if not processes.alive():
@@ -514,15 +541,15 @@ def main():
                     "--out", str(fleet_path)], cwd=REPO, check=True, timeout=600)
     prepare(fleet_path)
     fleet = json.loads(fleet_path.read_text())
-    client = redis.Redis.from_url(os.environ["REDIS_URL"])
     processes = Processes(workdir)
     try:
-        steps, loop_figures = asyncio.run(run(args, fleet, processes, client))
+        steps, loop_figures = asyncio.run(run(args, fleet, processes, queue_depth_reader()))
     finally:
         processes.stop()
 
     print()
-    print(f"storm bench, {datetime.date.today()}, {os.cpu_count()} cores, production mode, "
+    mode = os.environ.get("CLUSTERUI_MODE", "embedded")
+    print(f"storm bench, {datetime.date.today()}, {os.cpu_count()} cores, {mode} mode, "
           f"daphne x1, workers x2 (sweeps, the rest), {args.nodes} nodes at 1 Hz, "
           f"{args.step_s:g} s a step; {time.monotonic() - began:.0f} s in all")
     print(" ".join(sys.argv))
