@@ -72,14 +72,7 @@ class ReconnectingAgent(storm.StormAgent):
 
 def start_server(kind, port, workdir, n):
     logfile = open(workdir / f"{kind}-{n}.log", "w")
-    if kind == "daphne":
-        argv = [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                "clusterui.asgi:application"]
-    else:
-        argv = [PY, "-m", "uvicorn", "clusterui.asgi:application", "--host", "127.0.0.1",
-                "--port", str(port), "--lifespan", "off", "--loop", "uvloop",
-                "--log-level", "warning"]
-    argv = ingest.pinned(0, argv)
+    argv = ingest.pinned(0, storm.server_argv(kind, port))
     proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, "LOG_LEVEL": "WARNING"},
                             stdout=logfile, stderr=subprocess.STDOUT)
     return proc
@@ -171,7 +164,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=4000)
     parser.add_argument("--sample-hz", type=float, default=1.0)
-    parser.add_argument("--server", choices=["daphne", "uvicorn"], default="daphne",
+    parser.add_argument("--server", choices=storm.SERVERS, default="daphne",
                         help="what serves the agent socket (uvicorn: with uvloop)")
     parser.add_argument("--settle-s", type=float, default=10.0)
     parser.add_argument("--limit-s", type=float, default=180.0,

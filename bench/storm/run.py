@@ -72,7 +72,7 @@ percentile = ingest.percentile
 SLUG = "bench"  # bench/ingest/fleet.py's cluster
 SIGNATURES = ("thermal_throttle", "hw_slowdown", "power_brake")
 QUEUES = ("celery", "sweeps", "provider")
-WORKERS = ("daphne", "worker", "sweeps")
+WORKERS = ("server", "worker", "sweeps")
 PACE_EVERY_S = 0.005
 ACK_GRACE_S = 3.0  # after a step: acks still in flight count for it
 
@@ -189,15 +189,15 @@ class Pacer:
 
 
 class Processes:
-    """daphne on core 0; the worker, the beat and this driver on core 1."""
+    """The server (daphne, or uvicorn with uvloop) on core 0; the workers, the beat and this
+    driver on core 1."""
 
-    def __init__(self, workdir):
+    def __init__(self, workdir, server="daphne"):
         env = {**os.environ, "LOG_LEVEL": "WARNING"}
         self.port = ingest.free_port()
         self.workdir = workdir
         specs = {
-            "daphne": (0, [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-                           "clusterui.asgi:application"]),
+            "server": (0, server_argv(server, self.port)),
             # As README.md runs them: the sweeps alone, the rest on the other.
             "sweeps": (1, [PY, "-m", "celery", "-A", "clusterui", "worker", "--loglevel=WARNING",
                            "--concurrency=1", "--queues", "sweeps",
@@ -213,7 +213,7 @@ class Processes:
             logfile = open(workdir / f"{name}.log", "w")
             self.procs[name] = subprocess.Popen(ingest.pinned(core, argv), cwd=REPO, env=env,
                                                 stdout=logfile, stderr=subprocess.STDOUT)
-        ingest.wait_for_port(self.port, self.procs["daphne"])
+        ingest.wait_for_port(self.port, self.procs["server"])
         self.ps = {name: psutil.Process(proc.pid) for name, proc in self.procs.items()}
 
     def cpu_s(self, name):
@@ -247,6 +247,15 @@ ACTIVITY = """SELECT pid, state, wait_event_type, wait_event,
     round(extract(epoch FROM now() - xact_start)::numeric, 2), left(query, 160)
     FROM pg_stat_activity WHERE datname = current_database() AND state <> 'idle'
     AND pid <> pg_backend_pid() ORDER BY xact_start"""
+
+
+SERVERS = ("daphne", "uvicorn")
+
+
+def server_argv(kind, port):
+    """daphne as README.md runs it, or uvicorn with uvloop (bench/ingest/run.py's)."""
+    return ingest.server_argv("uvicorn-uvloop" if kind == "uvicorn" else kind, port,
+                              SimpleNamespace(uvicorn_args="--log-level warning"))
 
 
 def database_activity():
@@ -296,9 +305,9 @@ async def measure_rate(rate, args, pacer, processes, queue_depth):
     pacer.event_rate = rate
     await asyncio.sleep(args.warmup_s)
     spy = None
-    if args.profile:  # py-spy on daphne, 8 s of the step (bench/ingest/run.py's)
-        spy = ingest.start_profile(SimpleNamespace(procs=[processes.procs["daphne"]]),
-                                   "daphne", rate, processes.workdir)
+    if args.profile:  # py-spy on the server, 8 s of the step (bench/ingest/run.py's)
+        spy = ingest.start_profile(SimpleNamespace(procs=[processes.procs["server"]]),
+                                   args.server, rate, processes.workdir)
     t0, cpu0 = time.time(), {name: processes.cpu_s(name) for name in WORKERS}
     skipped0, errors0 = tracker.skipped, Counter(tracker.errors)
     deepest = Counter()
@@ -330,7 +339,7 @@ async def measure_rate(rate, args, pacer, processes, queue_depth):
         "ack_max_ms": ms(latencies[-1]) if latencies else None,
         "deepest_queue": dict(deepest),
         "errors": dict(tracker.errors - errors0),
-        "daphne_cpu_pct": round(100 * (cpu1["daphne"] - cpu0["daphne"]) / (t1 - t0)),
+        "server_cpu_pct": round(100 * (cpu1["server"] - cpu0["server"]) / (t1 - t0)),
         "worker_cpu_pct": round(100 * (cpu1["worker"] - cpu0["worker"]) / (t1 - t0)),
         "sweeps_cpu_pct": round(100 * (cpu1["sweeps"] - cpu0["sweeps"]) / (t1 - t0)),
         "load": round(os.getloadavg()[0], 2),
@@ -481,18 +490,18 @@ def step_line(s):
     return (f"{s['rate']:>5} events/s: acked {s['acked']}/{s['offered']} ({s['acked_pct']} %), "
             f"ack p50 {s['ack_p50_ms']} ms p99 {s['ack_p99_ms']} ms max {s['ack_max_ms']} ms, "
             f"deepest queue {s['deepest_queue']}, errors {s['errors']}, "
-            f"daphne {s['daphne_cpu_pct']} % worker {s['worker_cpu_pct']} % sweeps "
+            f"server {s['server_cpu_pct']} % worker {s['worker_cpu_pct']} % sweeps "
             f"{s['sweeps_cpu_pct']} %, load {s['load']}")
 
 
 def table(steps):
-    lines = ["| events/s | acked/offered | ack p50 | ack p99 | deepest queue | daphne CPU | "
+    lines = ["| events/s | acked/offered | ack p50 | ack p99 | deepest queue | server CPU | "
              "worker CPU | sweeps CPU |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in steps:
         deepest = max(s["deepest_queue"].values(), default=0)
         lines.append(f"| {s['rate']} | {s['acked']}/{s['offered']} ({s['acked_pct']} %) | "
                      f"{s['ack_p50_ms']} ms | {s['ack_p99_ms']} ms | {deepest} | "
-                     f"{s['daphne_cpu_pct']} % | {s['worker_cpu_pct']} % | "
+                     f"{s['server_cpu_pct']} % | {s['worker_cpu_pct']} % | "
                      f"{s['sweeps_cpu_pct']} % |")
     return "\n".join(lines)
 
@@ -529,7 +538,9 @@ def main():
     parser.add_argument("--new", type=float, default=0.2, help="share of new signatures")
     parser.add_argument("--clear", type=float, default=0.15, help="share of `cleared`")
     parser.add_argument("--profile", action="store_true",
-                        help="py-spy on daphne for 8 s of each step (its summary is printed)")
+                        help="py-spy on the server for 8 s of each step (its summary is printed)")
+    parser.add_argument("--server", choices=SERVERS, default="daphne",
+                        help="what serves the agent socket (uvicorn: with uvloop)")
     parser.add_argument("--out", help="write the results as JSON here too")
     args = parser.parse_args()
     workdir = Path(os.environ.get("BENCH_WORKDIR") or "/tmp")
@@ -541,7 +552,7 @@ def main():
                     "--out", str(fleet_path)], cwd=REPO, check=True, timeout=600)
     prepare(fleet_path)
     fleet = json.loads(fleet_path.read_text())
-    processes = Processes(workdir)
+    processes = Processes(workdir, args.server)
     try:
         steps, loop_figures = asyncio.run(run(args, fleet, processes, queue_depth_reader()))
     finally:
@@ -550,7 +561,7 @@ def main():
     print()
     mode = os.environ.get("CLUSTERUI_MODE", "embedded")
     print(f"storm bench, {datetime.date.today()}, {os.cpu_count()} cores, {mode} mode, "
-          f"daphne x1, workers x2 (sweeps, the rest), {args.nodes} nodes at 1 Hz, "
+          f"{args.server} x1, workers x2 (sweeps, the rest), {args.nodes} nodes at 1 Hz, "
           f"{args.step_s:g} s a step; {time.monotonic() - began:.0f} s in all")
     print(" ".join(sys.argv))
     print(table(steps))
