@@ -2,6 +2,7 @@
 hands the node its health facts (refresh_health_facts); each change others react to appends
 a change row (the publisher pushes "health.changed", the recommender reads it)."""
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -255,16 +256,23 @@ def _count_runs(runs, open_events, now):
     if not on_open:
         return [], to_open
     ids = [event.pk for _, event in on_open]
+    # One WHEN per distinct count and per distinct message, not per event: Django takes
+    # longer to build a CASE of 500 WHENs than PostgreSQL takes to run it.
+    by_count, by_message = defaultdict(list), defaultdict(list)
+    for run, event in on_open:
+        by_count[run.count].append(event.pk)
+        if run.message:
+            by_message[run.message].append(event.pk)
     changes = {
-        "count": F("count") + Case(*[When(pk=event.pk, then=Value(run.count))
-                                     for run, event in on_open],
+        "count": F("count") + Case(*[When(pk__in=pks, then=Value(count))
+                                     for count, pks in by_count.items()],
                                    output_field=models.IntegerField()),
         "last_seen": Greatest("last_seen", Value(now)),
     }
-    messages = [When(pk=event.pk, then=Value(run.message)) for run, event in on_open
-                if run.message]
-    if messages:
-        changes["message"] = Case(*messages, default=F("message"))
+    if by_message:
+        changes["message"] = Case(*[When(pk__in=pks, then=Value(message))
+                                    for message, pks in by_message.items()],
+                                  default=F("message"))
     updated = HealthEvent.objects.filter(pk__in=ids, closed_at__isnull=True).update(**changes)
     if updated == len(ids):
         return on_open, to_open

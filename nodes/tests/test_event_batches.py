@@ -80,6 +80,21 @@ def test_a_batch_opens_counts_and_clears_as_one_at_a_time_would(refreshes):
 
 
 @pytest.mark.django_db
+def test_repeats_on_many_events_each_get_their_own_count_and_message():
+    nodes = [NodeFactory(name=f"gpu-{n:03d}") for n in range(4)]
+    ingest_events([(node.pk, event_frame(message="first")) for node in nodes])
+
+    ingest_events([(nodes[0].pk, event_frame(message="again")),
+                   (nodes[1].pk, event_frame(count=5, message="again")),
+                   (nodes[2].pk, event_frame(count=5, message="")),
+                   (nodes[3].pk, event_frame(message="other"))])
+
+    events = {event.node_id: (event.count, event.message) for event in HealthEvent.objects.all()}
+    assert [events[node.pk] for node in nodes] == [
+        (2, "again"), (6, "again"), (6, "first"), (2, "other")]
+
+
+@pytest.mark.django_db
 def test_repeats_of_an_open_event_count_on_it_without_refreshing_the_node(refreshes):
     node = NodeFactory()
     ingest_events([(node.pk, event_frame())])
