@@ -406,14 +406,6 @@ class LiveClusterConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
 
-    async def rejoin(self):
-        """After the channel layer was lost: the node's group again, and its queued work."""
-        if self.node_id is None or self.closed:
-            return
-        await self.channel_layer.group_add(agent_group(self.node_id), self.channel_name)
-        for work in await database_sync_to_async(ingest.work_frames_after_hello)(self.node_id):
-            await self.send_frame(work)
-
     async def disconnect(self, code):
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)

@@ -43,6 +43,8 @@ def wait_until(predicate, *, timeout, what, interval=0.05):
 class Process:
     """A subprocess with its stdout and stderr in a log file (appended to across restarts)."""
 
+    port = None  # where it serves, for wait_listening()
+
     def __init__(self, name, argv, *, env, log_path):
         self.name = name
         self.argv = [str(a) for a in argv]
@@ -127,6 +129,21 @@ class Process:
 
     def log_tail(self, lines=80):
         return "\n".join(self.log_text().splitlines()[-lines:]) or "(nothing logged)"
+
+    def wait_listening(self, timeout=30.0):
+        """Until something accepts connections on the process's `port` (it must keep
+        running meanwhile)."""
+        def listening():
+            self.check_running()
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return True
+            except OSError:
+                return False
+
+        wait_until(listening, timeout=timeout, what=f"{self.name} listens on {self.port}",
+                   interval=0.1)
+        return self
 
     def check_running(self):
         """Fail at once (with the log) when the process died, rather than at a later timeout."""
@@ -218,18 +235,6 @@ class Daphne(Process):
             env=env, log_path=log_path,
         )
 
-    def wait_listening(self, timeout=30.0):
-        def listening():
-            self.check_running()
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return True
-            except OSError:
-                return False
-
-        wait_until(listening, timeout=timeout, what=f"{self.name} listens on {self.port}",
-                   interval=0.1)
-        return self
 
     def get(self, path, token=None, timeout=10.0):
         """(status, body) of a GET to this server."""

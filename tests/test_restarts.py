@@ -9,7 +9,6 @@ PostgreSQL: agent connections stay open too; what arrives meanwhile is answered 
 and sent again by the agent until it is stored, and a hello is answered the same way, so an
 agent that comes during the outage is welcomed once the database is back."""
 
-import socket
 import subprocess
 import sys
 import time
@@ -39,18 +38,6 @@ class Redis(Process):
                                    "--save", "", "--appendonly", "no"],
                          env=processes.env, log_path=processes.directory / "redis.log")
         processes.processes.append(self)
-
-    def wait_listening(self):
-        def listening():
-            self.check_running()
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return True
-            except OSError:
-                return False
-
-        wait_until(listening, timeout=15, what="redis listens", interval=0.1)
-        return self
 
 
 def connections_opened(agent):

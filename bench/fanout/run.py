@@ -21,7 +21,6 @@ and what else used the server's core.
 import argparse
 import asyncio
 import datetime
-import importlib.util
 import json
 import math
 import os
@@ -37,20 +36,13 @@ import redis
 REPO = Path(__file__).resolve().parents[2]
 INGEST = REPO / "bench" / "ingest"
 PY = sys.executable
-
-
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(REPO))
 
 
 # The ingest bench's driver (server start-up, load generator control, percentiles, core 0
 # accounting) and load generator (its simulated agent), imported rather than copied.
-ingest = _load("ingest_run", INGEST / "run.py")
-loadgen = _load("ingest_loadgen", INGEST / "loadgen.py")
+from bench.ingest import loadgen  # noqa: E402
+from bench.ingest import run as ingest  # noqa: E402
 
 from websockets.asyncio.client import connect  # noqa: E402
 from websockets.exceptions import ConnectionClosed  # noqa: E402

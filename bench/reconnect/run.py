@@ -18,7 +18,6 @@ Target (issue 14): all 4,000 within 30 s.
 import argparse
 import asyncio
 import datetime
-import importlib.util
 import json
 import os
 import random
@@ -34,15 +33,7 @@ PY = sys.executable
 sys.path.insert(0, str(REPO))
 
 
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-storm = _load("storm_run", REPO / "bench" / "storm" / "run.py")
+from bench.storm import run as storm  # noqa: E402
 ingest, loadgen, log, percentile = storm.ingest, storm.loadgen, storm.log, storm.percentile
 
 from agent.client import WELCOME_TIMEOUT_S, backoff_delay  # noqa: E402

@@ -30,7 +30,6 @@ recommendation within 10 s, queue depth bounded.
 import argparse
 import asyncio
 import datetime
-import importlib.util
 import json
 import os
 import random
@@ -53,17 +52,9 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "clusterui.settings")
 
 
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 # The ingest bench's server start-up, percentiles and simulated agent, imported not copied.
-ingest = _load("ingest_run", INGEST / "run.py")
-loadgen = _load("ingest_loadgen", INGEST / "loadgen.py")
+from bench.ingest import loadgen  # noqa: E402
+from bench.ingest import run as ingest  # noqa: E402
 
 from agent import protocol  # noqa: E402
 

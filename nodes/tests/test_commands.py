@@ -14,7 +14,6 @@ from nodes.models import AgentCommand, Node
 from nodes.publisher import Publisher
 from nodes.services import (
     COMMANDS,
-    do_issue_join_token,
     do_record_command_result,
     do_record_hello,
     do_register_node,
@@ -26,9 +25,7 @@ db = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
-def in_memory_channel_layer(settings):
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    settings.CLUSTERUI_PUBLISHER = False
+def no_boot_window(in_memory_channel_layer, settings):
     settings.CLUSTERUI_BOOT_WINDOW_S = 0
 
 
@@ -248,11 +245,6 @@ def test_the_beat_task_expires_commands(node):
 
 
 # Over the agent WebSocket
-
-
-@pytest.fixture
-def join_token(cluster):
-    return do_issue_join_token(cluster)[1]
 
 
 async def send_command(name):

@@ -14,21 +14,11 @@ from django.db import OperationalError
 from nodes import consumers, ingest
 from nodes.models import AgentCommand, Node
 from nodes.publisher import Publisher
-from nodes.services import do_issue_join_token, do_send_command
+from nodes.services import do_send_command
 from nodes.tests.test_consumers import closed_with, connect, hello, join, receive, send
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture(autouse=True)
-def in_memory_channel_layer(settings):
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    settings.CLUSTERUI_PUBLISHER = False
-
-
-@pytest.fixture
-def join_token(cluster):
-    return do_issue_join_token(cluster)[1]
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True),
+              pytest.mark.usefixtures("in_memory_channel_layer")]
 
 
 def failing(times, original, error=OperationalError("connection refused")):

@@ -18,7 +18,8 @@ from nodes import ingest
 from nodes.models import AgentToken, Node, NodeTransition
 from nodes.services import do_issue_join_token, do_revoke_agent_token
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True),
+              pytest.mark.usefixtures("in_memory_channel_layer")]
 
 GPUS = [{"index": i, "uuid": f"GPU-{i:04d}", "name": "NVIDIA H200",
          "pci_bus_id": f"00000000:{i + 6:02X}:00.0", "memory_total_bytes": 150754820096}
@@ -40,17 +41,6 @@ def event(signature="xid:79", **extra):
             "signature": signature, "gpu_uuid": "GPU-0003", "severity": "critical",
             "message": "GPU has fallen off the bus", "detail": {"xid": 79, "source": "nvml"},
             **extra}
-
-
-@pytest.fixture(autouse=True)
-def in_memory_channel_layer(settings):
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    settings.CLUSTERUI_PUBLISHER = False  # tested on its own in test_live.py
-
-
-@pytest.fixture
-def join_token(cluster):
-    return do_issue_join_token(cluster)[1]
 
 
 async def connect(token):

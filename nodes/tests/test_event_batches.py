@@ -187,12 +187,6 @@ def test_the_same_events_delivered_by_two_writers_at_once_are_stored_once():
 # The writer behind the agent consumer.
 
 
-@pytest.fixture
-def in_memory_channel_layer(settings):
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    settings.CLUSTERUI_PUBLISHER = False
-
-
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
 async def test_events_of_many_connections_share_batches(cluster, in_memory_channel_layer,

@@ -187,12 +187,6 @@ def test_a_paused_node_records_a_lost_heartbeat_but_stays_paused(cluster, operat
     assert HealthEvent.objects.open().get(node=node).signature == "heartbeat_lost"
 
 
-@pytest.fixture
-def in_memory_channel_layer(settings):
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    settings.CLUSTERUI_PUBLISHER = False
-
-
 async def browser(user, slug, origin=b"http://localhost"):
     from asgiref.sync import sync_to_async
     from django.test import Client

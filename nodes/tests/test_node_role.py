@@ -13,15 +13,12 @@ from nodes.publisher import Publisher, read_feed_messages
 from nodes.models import Node
 from startup.services import Validation, config_frame_for, do_save_startup_script
 from nodes.services import do_set_node_role
-from nodes.tests.test_consumers import join, join_token, receive  # noqa: F401 (fixture)
+from nodes.tests.test_consumers import join, receive
 
 from .factories import NodeFactory
 
 
-@pytest.fixture(autouse=True)
-def in_memory_channel_layer(settings):
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    settings.CLUSTERUI_PUBLISHER = False
+pytestmark = pytest.mark.usefixtures("in_memory_channel_layer")
 
 
 @pytest.fixture

@@ -9,16 +9,11 @@ from nodes.models import Node
 from startup.models import ScriptRun
 from nodes.publisher import Publisher
 from startup.services import Validation, do_save_startup_script
-from nodes.tests.test_consumers import (  # noqa: F401 (fixtures)
-    hello,
-    in_memory_channel_layer,
-    join_token,
-    receive,
-    send,
-)
-from nodes.tests.test_consumers import connect
+from nodes.tests.conftest import in_memory_channel_layer, join_token  # noqa: F401 (fixtures)
+from nodes.tests.test_consumers import connect, hello, receive, send
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True),
+              pytest.mark.usefixtures("in_memory_channel_layer")]
 
 
 def save(cluster, body, event="node_boot", role="worker"):
