@@ -201,7 +201,9 @@ def test_a_refused_node_token_falls_back_to_the_join_token(tmp_path, caplog, ref
         async with FakeServer() as server:
             server.refuse_with = refuse_with
             async with running(make_client(server, tmp_path)):
-                await until(lambda: any(c.welcomed for c in server.connections))
+                # The server has sent the welcome, and the agent has taken it in.
+                await until(lambda: any(c.welcomed for c in server.connections)
+                            and read_node_token(str(tmp_path)) != "revoked-node-token")
             return server
 
     save_node_token(str(tmp_path), "revoked-node-token")
