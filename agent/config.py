@@ -31,7 +31,7 @@ MAX_SAMPLE_INTERVAL_S = 3600.0
 MAX_THROTTLE_HOLD_S = 3600.0
 MAX_SIMULATED_BOOT_S = 600.0
 
-NODE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,63}")  # PROTOCOL.md, hello.node
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # PROTOCOL.md, hello.node
 
 # key: (the types a TOML value may have, what to call them in an error)
 FILE_KEYS = {
@@ -116,7 +116,8 @@ def build_config(options, file_values=None):
 
     if not NODE_NAME.fullmatch(config.node_name):
         raise ConfigError(
-            f"node name {config.node_name!r} is not 1-63 letters, digits, '-', '_' or '.'"
+            f"node name {config.node_name!r} is not 1-63 letters, digits, '-', '_' or '.' "
+            "starting with a letter or digit"
         )
     if not MIN_SAMPLE_INTERVAL_S <= config.sample_interval_s <= MAX_SAMPLE_INTERVAL_S:
         raise ConfigError(

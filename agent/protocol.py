@@ -1,7 +1,9 @@
 """Builders for the frames of the agent protocol (shared/PROTOCOL.md, version 1).
 
 Every frame is a dict with a string `type`; encode() turns one into the JSON text that
-goes on the wire and refuses anything the server would not take (over 1 MiB, NaN)."""
+goes on the wire and refuses anything the server would not take (over 1 MiB, NaN). The
+builders cut free text to PROTOCOL.md's limits (a Slurm drain reason or a kernel line can be
+long), as the server would, so what is stored is what the agent sent."""
 
 import json
 import time
@@ -10,6 +12,26 @@ import uuid
 MAX_FRAME_BYTES = 1024 * 1024  # the server closes with 1009 above this
 
 SEVERITIES = ("info", "warning", "critical")
+
+# PROTOCOL.md, "Limits": free text over these is cut, ending in "…".
+MESSAGE_LIMIT = 1000  # an event's message, a result's message, a string inside `detail`
+SLURM_REASON_LIMIT = 500
+
+
+def truncated(text, limit):
+    if not isinstance(text, str) or len(text) <= limit:
+        return text
+    return text[:limit - 1] + "…"
+
+
+def _detail_truncated(value):
+    if isinstance(value, str):
+        return truncated(value, MESSAGE_LIMIT)
+    if isinstance(value, dict):
+        return {key: _detail_truncated(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_detail_truncated(item) for item in value]
+    return value
 
 
 class FrameError(ValueError):
@@ -38,7 +60,8 @@ def hello_frame(*, node, boot_id, agent_version, driver_version, cuda_version, g
         "driver_version": driver_version,
         "cuda_version": cuda_version,
         "gpus": gpus,
-        "slurm": slurm,
+        "slurm": slurm if slurm is None else {
+            **slurm, "reason": truncated(slurm.get("reason"), SLURM_REASON_LIMIT)},
     }
 
 
@@ -67,14 +90,15 @@ def event_frame(*, signature, severity, message, gpu_uuid=None, detail=None, sta
         "signature": signature,
         "gpu_uuid": gpu_uuid,
         "severity": severity,
-        "message": message,
-        "detail": detail or {},
+        "message": truncated(message, MESSAGE_LIMIT),
+        "detail": _detail_truncated(detail or {}),
         "state": state,
     }
 
 
 def command_result_frame(*, command_id, status, message=""):
-    return {"type": "command_result", "id": command_id, "status": status, "message": message}
+    return {"type": "command_result", "id": command_id, "status": status,
+            "message": truncated(message, MESSAGE_LIMIT)}
 
 
 def check_result_frame(*, run_id, status, message="", metrics=None):
@@ -83,5 +107,5 @@ def check_result_frame(*, run_id, status, message="", metrics=None):
         "run_id": run_id,
         "status": status,
         "metrics": metrics or {},
-        "message": message,
+        "message": truncated(message, MESSAGE_LIMIT),
     }

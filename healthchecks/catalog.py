@@ -103,6 +103,14 @@ def applies_to(entry, gpu_model):
     return True if column is None else entry.applies[column]
 
 
+def xid_code(signature):
+    """The Xid code of an `xid:<code>` signature (ASCII digits only), or None."""
+    kind, _, code = signature.partition(":")
+    if kind == "xid" and code.isascii() and code.isdigit():
+        return int(code)
+    return None
+
+
 def policy_for(code, gpu_model=""):
     """Severity and default recommendation for Xid `code` on a GPU of `gpu_model`."""
     entry = catalog().get(code)

@@ -24,11 +24,11 @@ class HealthEvent(models.Model):
     signature = models.CharField(max_length=64)
     severity = models.CharField(max_length=8, choices=Severity.choices)
     source = models.CharField(max_length=8, choices=Source.choices, default=Source.PASSIVE)
-    message = models.CharField(max_length=500, blank=True)
+    message = models.CharField(max_length=1000, blank=True)
     evidence = models.JSONField(default=dict, blank=True)
     first_seen = models.DateTimeField()
     last_seen = models.DateTimeField()
-    count = models.PositiveIntegerField(default=1)
+    count = models.PositiveBigIntegerField(default=1)
     closed_at = models.DateTimeField(null=True, blank=True)
     closed_reason = models.CharField(max_length=255, blank=True)
     closed_by = models.ForeignKey(

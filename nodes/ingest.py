@@ -15,7 +15,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from clusterui.services import record_audit
-from healthchecks.catalog import policy_for
+from healthchecks.catalog import policy_for, xid_code
 from healthchecks.inventory import do_judge_inventory
 from healthchecks.services import (
     CHECK_RUNS,
@@ -110,9 +110,9 @@ def accept_hello(grant, frame, now=None):
 
 def severity_of(frame, gpu):
     """An Xid's severity is NVIDIA's catalog's (DESIGN.md), whatever the agent said."""
-    kind, _, code = frame["signature"].partition(":")
-    if kind == "xid" and code.isdigit():
-        return policy_for(int(code), gpu.name if gpu is not None else "").severity
+    code = xid_code(frame["signature"])
+    if code is not None:
+        return policy_for(code, gpu.name if gpu is not None else "").severity
     return frame["severity"]
 
 

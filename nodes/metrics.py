@@ -2,6 +2,7 @@
 NVIDIA's stock DCGM Grafana dashboard works on clusterui's data unchanged."""
 
 from clusterui.models import Cluster
+from healthchecks.catalog import xid_code
 from healthchecks.models import HealthEvent
 
 from .live import get_live_store
@@ -53,9 +54,9 @@ def open_xids():
     rows = (HealthEvent.objects.open().filter(signature__startswith="xid:", gpu__isnull=False)
             .order_by("last_seen").values_list("gpu_id", "signature"))
     for gpu_id, signature in rows:
-        code = signature.partition(":")[2]
-        if code.isdigit():
-            xids[gpu_id] = int(code)
+        code = xid_code(signature)
+        if code is not None:
+            xids[gpu_id] = code
     return xids
 
 

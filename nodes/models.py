@@ -9,8 +9,10 @@ from clusterui.models import Cluster
 
 from .choices import STATE_COLOURS, NodeRole, NodeState
 
+# PROTOCOL.md's hello.node. \Z, not $: "$" would take a trailing newline.
 node_name_validator = RegexValidator(
-    r"^[A-Za-z0-9_.-]{1,63}$", "1-63 letters, digits, '-', '_' or '.'"
+    r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z",
+    "1-63 letters, digits, '-', '_' or '.', starting with a letter or digit",
 )
 
 
@@ -104,8 +106,8 @@ class Gpu(models.Model):
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
     index = models.PositiveSmallIntegerField()
-    uuid = models.CharField("UUID", max_length=64)
-    name = models.CharField("model", max_length=64, blank=True)
+    uuid = models.CharField("UUID", max_length=80)
+    name = models.CharField("model", max_length=96, blank=True)
     pci_bus_id = models.CharField("PCI bus id", max_length=32, blank=True)
     memory_total_bytes = models.BigIntegerField(null=True, blank=True)
     missing_since = models.DateTimeField(

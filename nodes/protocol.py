@@ -4,22 +4,39 @@ Pure functions, no database: the consumer calls parse_frame() on every text fram
 either a validated dict or BadFrame with a message naming the field, e.g.
 "sample.gpus[0].temp_c: expected a number".
 
+Every value a frame carries is held to PROTOCOL.md's Limits before anything stores it:
+every string is valid Unicode without NUL, every number finite, every integer within 64
+bits (_check_values walks the whole frame), identifiers have a length and a shape, and free
+text over its limit is cut to it, ending in "…" (the frame is changed in place).
+
 Samples are most of the traffic (one a second from every node), so they take a fast path:
 orjson decodes them and a few set operations check them (_sample_is_valid). Whatever the
 fast path does not accept outright goes the exact way every other frame goes: the standard
-library's json and the schema below, which write the error messages. The one difference:
-an integer beyond 64 bits in a number field of a sample is read as a float (orjson's
-reading; in an integer field it sends the frame the exact way).
+library's json and the schema below, which write the error messages.
 """
 
 import json
+import math
 import re
-import uuid
 
 import orjson
 
 MAX_FRAME_BYTES = 1024 * 1024
-NODE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
+INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
+COUNT_MAX = 2 ** 31 - 1
+GPU_INDEX_MAX = 1023
+DETAIL_MAX_BYTES = 16 * 1024
+ELLIPSIS = "…"
+
+# hello.node: starts with a letter or digit (a leading "-" would be an option to scontrol or
+# a provider command). fullmatch() everywhere: "$" would let a trailing newline through.
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+SIGNATURE = re.compile(r"[a-z0-9_:.-]{1,64}")
+XID_SIGNATURE = re.compile(r"xid:[0-9]+")  # ASCII digits: str.isdigit() takes "٧٩" too
+EVENT_ID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+# What no stored string may hold: NUL (PostgreSQL's text and jsonb refuse it) and a lone
+# surrogate (not Unicode: it cannot be encoded as UTF-8).
+BAD_CHARACTER = re.compile("[\x00\ud800-\udfff]")
 
 
 class BadFrame(Exception):
@@ -32,35 +49,74 @@ class BadFrame(Exception):
         self.event_id = event_id
 
 
-# Field kinds. Each checker returns an error text, or None when the value is acceptable.
-def _integer(value):
-    if isinstance(value, bool) or not isinstance(value, int):
-        return "expected an integer"
-    return None
+def truncated(text, limit, *, keep="start"):
+    """`text` cut to `limit` characters, the cut marked with "…" (keep="end": the tail)."""
+    if len(text) <= limit:
+        return text
+    if keep == "end":
+        return ELLIPSIS + text[len(text) - limit + 1:]
+    return text[:limit - 1] + ELLIPSIS
+
+
+# Field kinds. Each checker returns an error text, or None when the value is acceptable. A
+# free-text checker also names its limit (`truncate_at`): _check_fields cuts the value to it.
+def _integer_in(low, high):
+    def check(value):
+        if isinstance(value, bool) or not isinstance(value, int):
+            return "expected an integer"
+        if not low <= value <= high:
+            return f"expected an integer from {low} to {high}"
+        return None
+
+    return check
+
+
+_integer = _integer_in(INT64_MIN, INT64_MAX)
 
 
 def _number(value):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return "expected a number"
-    return None
+    return None  # finite and within 64 bits: _check_values
 
 
-def _string(value):
-    return None if isinstance(value, str) else "expected a string"
+def _text(limit, *, required=False):
+    """An identifier: a string of at most `limit` characters (non-empty when required)."""
+    def check(value):
+        if not isinstance(value, str) or (required and not value):
+            return "expected a non-empty string" if required else "expected a string"
+        if len(value) > limit:
+            return f"expected at most {limit} characters, got {len(value)}"
+        return None
+
+    return check
 
 
-def _nonempty_string(value):
-    if not isinstance(value, str) or not value:
-        return "expected a non-empty string"
-    return None
+def _free_text(limit, *, keep="start"):
+    """Free text: any string; one over `limit` characters is cut to it."""
+    def check(value):
+        return None if isinstance(value, str) else "expected a string"
+
+    check.truncate_at, check.keep = limit, keep
+    return check
 
 
 def _boolean(value):
     return None if isinstance(value, bool) else "expected true or false"
 
 
-def _object(value):
-    return None if isinstance(value, dict) else "expected an object"
+def _detail(value):
+    """A JSON object of at most 16 KiB encoded, its strings cut to 1,000 characters (the
+    caller has cut them: _check_fields)."""
+    if not isinstance(value, dict):
+        return "expected an object"
+    size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+    if size > DETAIL_MAX_BYTES:
+        return f"expected at most {DETAIL_MAX_BYTES} bytes of JSON, got {size}"
+    return None
+
+
+_detail.truncate_strings_at = 1000
 
 
 def _one_of(*choices):
@@ -73,35 +129,36 @@ def _one_of(*choices):
 
 
 def _node_name(value):
-    if not isinstance(value, str) or not NODE_NAME.match(value):
-        return "expected 1-63 letters, digits, '-', '_' or '.'"
+    if not isinstance(value, str) or not NODE_NAME.fullmatch(value):
+        return ("expected 1-63 ASCII letters, digits, '-', '_' or '.', starting with a letter "
+                "or digit")
     return None
 
 
-def _uuid_string(value):
-    if not isinstance(value, str):
-        return "expected a UUID string"
-    try:
-        uuid.UUID(value)
-    except ValueError:
-        return "expected a UUID string"
+def _signature(value):
+    if not isinstance(value, str) or not SIGNATURE.fullmatch(value):
+        return "expected 1-64 lowercase ASCII letters, digits, '_', ':', '.' or '-'"
+    if value.startswith("xid:") and not XID_SIGNATURE.fullmatch(value):
+        return "expected ASCII digits after 'xid:'"
     return None
 
 
-def _positive_integer(value):
-    return _integer(value) or (None if value >= 1 else "expected an integer >= 1")
+def _event_id(value):
+    if not isinstance(value, str) or not EVENT_ID.fullmatch(value):
+        return "expected a UUID string (8-4-4-4-12 hexadecimal digits)"
+    return None
 
 
 # frame type -> {field: (checker, required)}. Optional fields may also be null.
 HELLO_GPU = {
-    "index": (_integer, True),
-    "uuid": (_nonempty_string, True),
-    "name": (_string, False),
-    "pci_bus_id": (_string, False),
+    "index": (_integer_in(0, GPU_INDEX_MAX), True),
+    "uuid": (_text(80, required=True), True),
+    "name": (_text(96), False),
+    "pci_bus_id": (_text(32), False),
     "memory_total_bytes": (_integer, False),
 }
 SAMPLE_GPU = {
-    "uuid": (_nonempty_string, True),
+    "uuid": (_text(80, required=True), True),
     **{
         field: (_number, False)
         for field in ("util_pct", "mem_util_pct", "mem_used_bytes", "temp_c", "power_w",
@@ -113,15 +170,15 @@ SAMPLE_GPU = {
 SAMPLE_NODE = {
     field: (_number, False) for field in ("cpu_pct", "mem_used_bytes", "net_rx_bps", "net_tx_bps")
 }
-SLURM = {"state": (_string, False), "reason": (_string, False)}
+SLURM = {"state": (_text(64), False), "reason": (_free_text(500), False)}
 
 FRAMES = {
     "hello": {
         "node": (_node_name, True),
-        "boot_id": (_nonempty_string, True),
-        "agent_version": (_string, True),
-        "driver_version": (_string, False),
-        "cuda_version": (_string, False),
+        "boot_id": (_text(64, required=True), True),
+        "agent_version": (_text(32), True),
+        "driver_version": (_text(32), False),
+        "cuda_version": (_text(32), False),
         "gpus": ([HELLO_GPU], True),
         "slurm": (SLURM, False),
     },
@@ -132,35 +189,35 @@ FRAMES = {
         "node": (SAMPLE_NODE, False),
     },
     "event": {
-        "id": (_uuid_string, True),
+        "id": (_event_id, True),
         "ts": (_number, True),
-        "signature": (_nonempty_string, True),
+        "signature": (_signature, True),
         "severity": (_one_of("info", "warning", "critical"), True),
-        "message": (_string, True),
-        "gpu_uuid": (_string, False),
+        "message": (_free_text(1000), True),
+        "gpu_uuid": (_text(80), False),
         "state": (_one_of("active", "cleared"), False),
-        "count": (_positive_integer, False),
-        "detail": (_object, False),
+        "count": (_integer_in(1, COUNT_MAX), False),
+        "detail": (_detail, False),
     },
     "check_result": {
         "run_id": (_integer, True),
         "status": (_one_of("passed", "failed", "error"), True),
-        "metrics": (_object, False),
-        "message": (_string, False),
+        "metrics": (_detail, False),
+        "message": (_free_text(1000), False),
     },
     "command_result": {
         "id": (_integer, True),
         "status": (_one_of("accepted", "ok", "failed"), True),
-        "message": (_string, False),
+        "message": (_free_text(1000), False),
     },
     "script_result": {
         "script_id": (_integer, True),
         "version": (_integer, False),
         "event": (_one_of("node_boot", "job_start", "job_end"), True),
-        "job_id": (_string, False),
+        "job_id": (_text(64), False),
         "exit_code": (_integer, "present"),
         "duration_s": (_number, True),
-        "output_tail": (_string, False),
+        "output_tail": (_free_text(4096, keep="end"), False),
         "timed_out": (_boolean, False),
         "ts": (_number, False),
     },
@@ -189,9 +246,57 @@ def _check_fields(obj, schema, path):
         elif isinstance(kind, dict):
             _check_fields(value, kind, where)
         else:
+            if hasattr(kind, "truncate_strings_at") and isinstance(value, dict):
+                value = obj[field] = _strings_truncated(value, kind.truncate_strings_at)
             error = kind(value)
             if error:
                 raise BadFrame(f"{where}: {error}")
+            if hasattr(kind, "truncate_at"):
+                obj[field] = truncated(value, kind.truncate_at, keep=kind.keep)
+
+
+def _strings_truncated(value, limit):
+    if isinstance(value, str):
+        return truncated(value, limit)
+    if isinstance(value, dict):
+        return {key: _strings_truncated(item, limit) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_strings_truncated(item, limit) for item in value]
+    return value
+
+
+def _value_problem(value):
+    if isinstance(value, str):
+        if BAD_CHARACTER.search(value):
+            return "a string with NUL or a lone surrogate (not valid Unicode text)"
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            return "a number that is not finite"
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if not INT64_MIN <= value <= INT64_MAX:
+            return "an integer beyond 64 bits"
+    return None
+
+
+def _check_values(frame, path):
+    """Every string (keys too), number and integer anywhere in the frame, against the
+    Limits that hold for all of them; BadFrame naming the first that breaks one."""
+    stack = [(frame, path)]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                key_where = f"{where}.{key[:40]}"
+                problem = _value_problem(key)
+                if problem:
+                    raise BadFrame(f"{key_where}: a key with NUL or a lone surrogate")
+                stack.append((item, key_where))
+        elif isinstance(value, list):
+            stack.extend((item, f"{where}[{i}]") for i, item in enumerate(value))
+        else:
+            problem = _value_problem(value)
+            if problem:
+                raise BadFrame(f"{where}: {problem}")
 
 
 def _check_unique(items, fields, path):
@@ -216,6 +321,10 @@ _OBJECT = frozenset((dict, type(None)))
 _SAMPLE_GPU_NUMBERS = tuple(f for f, (kind, _) in SAMPLE_GPU.items() if kind is _number)
 _SAMPLE_GPU_INTEGERS = tuple(f for f, (kind, _) in SAMPLE_GPU.items() if kind is _integer)
 _SAMPLE_NODE_NUMBERS = tuple(SAMPLE_NODE)
+# Text the fast path leaves to the exact one: a NUL (orjson takes "\u0000"), and 19 digits
+# in a row, where an integer may pass 64 bits (orjson reads one past 64 bits as a float).
+# orjson itself refuses lone surrogates and numbers that overflow to infinity.
+_NEEDS_EXACT_CHECK = re.compile(r"\\u0000|[0-9]{19}")
 
 
 def _sample_is_valid(frame):
@@ -226,7 +335,8 @@ def _sample_is_valid(frame):
     if type(gpus) is not list:
         return False
     for gpu in gpus:
-        if (type(gpu) is not dict or type(gpu.get("uuid")) is not str or not gpu["uuid"]
+        if (type(gpu) is not dict or type(gpu.get("uuid")) is not str
+                or not 0 < len(gpu["uuid"]) <= 80
                 or not _NUMBER.issuperset(map(type, map(gpu.get, _SAMPLE_GPU_NUMBERS)))
                 or not _INTEGER.issuperset(map(type, map(gpu.get, _SAMPLE_GPU_INTEGERS)))):
             return False
@@ -238,6 +348,8 @@ def _sample_is_valid(frame):
 
 def _fast_sample(text):
     """The frame, when it is a valid sample by the fast path; None otherwise."""
+    if _NEEDS_EXACT_CHECK.search(text):
+        return None
     try:
         frame = orjson.loads(text)
     except orjson.JSONDecodeError:
@@ -258,6 +370,8 @@ def parse_frame(text):
         frame = json.loads(text, parse_constant=_refuse_constant)
     except ValueError as exc:
         raise BadFrame(f"not JSON: {exc}") from None
+    except RecursionError:
+        raise BadFrame("not JSON this server reads: nested too deeply") from None
     if not isinstance(frame, dict):
         raise BadFrame("a frame must be a JSON object")
     frame_type = frame.get("type")
@@ -265,13 +379,17 @@ def parse_frame(text):
         raise BadFrame("type: required, a string")
     schema = FRAMES.get(frame_type)
     if schema is None:
-        raise BadFrame(f"type: unknown frame type {frame_type!r}")
+        raise BadFrame(f"type: unknown frame type {truncated(frame_type, 40)!r}")
     try:
-        _check_fields(frame, schema, frame_type)
-        if frame_type == "hello":
-            _check_unique(frame["gpus"], ("index", "uuid"), "hello.gpus")
+        try:
+            _check_values(frame, frame_type)
+            _check_fields(frame, schema, frame_type)
+            if frame_type == "hello":
+                _check_unique(frame["gpus"], ("index", "uuid"), "hello.gpus")
+        except RecursionError:  # a detail nested near the decoder's own depth limit
+            raise BadFrame(f"{frame_type}: nested too deeply") from None
     except BadFrame as exc:
-        if frame_type == "event" and _uuid_string(frame.get("id")) is None:
+        if frame_type == "event" and _event_id(frame.get("id")) is None:
             exc.event_id = frame["id"]
         raise
     return frame

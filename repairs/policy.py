@@ -17,7 +17,7 @@ Defaults:
 from dataclasses import dataclass
 from datetime import timedelta
 
-from healthchecks.catalog import policy_for
+from healthchecks.catalog import policy_for, xid_code
 
 from .choices import Action, cost, one_step_costlier
 from .models import Repair
@@ -48,7 +48,7 @@ class Choice:
 def default_action(event):
     """(action or None, why) by the defaults above."""
     kind, _, code = event.signature.partition(":")
-    if kind == "xid" and code.isdigit():
+    if xid_code(event.signature) is not None:
         model = event.gpu.name if event.gpu is not None else ""
         xid = policy_for(int(code), model)
         return xid.recommendation, f"NVIDIA's catalog for Xid {code}: {xid.explanation}"

@@ -69,10 +69,10 @@ class ScriptRun(models.Model):
                                related_name="runs")
     version = models.ForeignKey(StartupScriptVersion, null=True, blank=True,
                                 on_delete=models.SET_NULL, related_name="runs")
-    version_number = models.PositiveIntegerField(null=True, blank=True)
+    version_number = models.BigIntegerField(null=True, blank=True)
     event = models.CharField(max_length=16, choices=ScriptEvent.choices)
     job_id = models.CharField(max_length=64, blank=True)
-    exit_code = models.IntegerField(null=True, blank=True)
+    exit_code = models.BigIntegerField(null=True, blank=True)
     timed_out = models.BooleanField(default=False)
     duration_s = models.FloatField()
     output_tail = models.TextField(blank=True)

@@ -4,7 +4,9 @@
 import re
 import uuid
 
-NODE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,63}")
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+SIGNATURE = re.compile(r"[a-z0-9_:.-]{1,64}")
+XID_SIGNATURE = re.compile(r"xid:[0-9]+")
 
 # PROTOCOL.md's sample example: every GPU field the agent reports.
 SAMPLE_GPU_FIELDS = {
@@ -61,6 +63,8 @@ def _hello(frame):
     slurm = frame.get("slurm")
     if slurm is not None and not isinstance(slurm, dict):
         found.append("hello.slurm: null or an object")
+    elif slurm is not None and len(slurm.get("reason") or "") > 500:
+        found.append("hello.slurm.reason: at most 500 characters")
     return found
 
 
@@ -104,12 +108,14 @@ def _event(frame):
         found.append("event.id: a UUID string")
     if not is_number(frame.get("ts")):
         found.append("event.ts: required number")
-    if not isinstance(frame.get("signature"), str):
-        found.append("event.signature: required string")
+    signature = frame.get("signature")
+    if not isinstance(signature, str) or not SIGNATURE.fullmatch(signature) or (
+            signature.startswith("xid:") and not XID_SIGNATURE.fullmatch(signature)):
+        found.append("event.signature: 1-64 of a-z 0-9 _ : . -, ASCII digits after xid:")
     if frame.get("severity") not in ("info", "warning", "critical"):
         found.append("event.severity: info, warning or critical")
-    if not isinstance(frame.get("message"), str):
-        found.append("event.message: required string")
+    if not isinstance(frame.get("message"), str) or len(frame["message"]) > 1000:
+        found.append("event.message: required string of at most 1,000 characters")
     if frame.get("gpu_uuid") is not None and not isinstance(frame["gpu_uuid"], str):
         found.append("event.gpu_uuid: a string or null")
     if frame.get("state", "active") not in ("active", "cleared"):

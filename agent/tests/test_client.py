@@ -412,7 +412,7 @@ def test_the_first_backoff_is_at_most_about_a_second():
 def test_an_event_too_large_to_send_is_not_kept(tmp_path, caplog):
     client = make_client(SimpleNamespace(url="ws://127.0.0.1:9/ws/agent/"), tmp_path)
     huge = event_frame(
-        signature="xid:79", severity="critical", message="m", detail={"blob": "x" * 2**20}
+        signature="xid:79", severity="critical", message="m", detail={"blob": ["x" * 900] * 1200}
     )
 
     asyncio.run(client.emit(huge))

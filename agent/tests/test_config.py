@@ -124,6 +124,7 @@ def test_a_missing_file_is_a_clear_error(tmp_path):
         ({"server": "https://x/ws/agent/"}, "must start with ws:// or wss://"),
         ({"server": SERVER, "node_name": "gpu 001"}, "node name 'gpu 001'"),
         ({"server": SERVER, "node_name": "n" * 64}, "is not 1-63"),
+        ({"server": SERVER, "node_name": "-gpu"}, "starting with a letter or digit"),
         ({"server": SERVER, "sample_interval": 0}, "outside"),
         ({"server": SERVER, "throttle_hold": 0}, "throttle hold 0 s: above 0"),
         ({"server": SERVER, "throttle_hold": 7200}, "at most 3600 s"),

@@ -2,14 +2,16 @@ import json
 
 from django import template
 
+from healthchecks.catalog import xid_code
+
 register = template.Library()
 
 
 @register.filter
 def xid_entry(signature, xids):
     """The catalog entry for an `xid:<code>` signature, or None."""
-    kind, _, code = signature.partition(":")
-    return xids.get(int(code)) if kind == "xid" and code.isdigit() else None
+    code = xid_code(signature)
+    return xids.get(code) if code is not None else None
 
 
 @register.filter
