@@ -33,13 +33,23 @@ def safe_next(request):
     return ""
 
 
-def refuse_password_sign_in(request, action, username, reason):
-    """Audit a refused password sign-in; the object is the account, or the name tried when
-    there is no such account."""
-    account = get_user_model().objects.filter(username=username).first()
-    record_audit(None, action, account or get_user_model()(username=username), request=request,
+def refuse_password(request, action, username, reason):
+    """A password was looked at and refused: count it (sign_in_limits) and audit it; when it
+    locks the address out, audit the lockout too, once (attempts while locked write nothing)."""
+    locked = record_failed_sign_in(username, client_ip(request))
+    record_audit(None, action, sign_in_object(username), request=request,
                  changes={"method": "password", "outcome": "refused", "reason": reason,
                           "username": username})
+    if locked is not None:
+        record_audit(None, "user.sign_in_locked_out", sign_in_object(username), request=request,
+                     changes={"username": username, "reason": locked.reason,
+                              "until": locked.until.isoformat(), "form": action})
+
+
+def sign_in_object(username):
+    """What a sign-in's audit row is about: the account, or the name tried when none has it."""
+    return get_user_model().objects.filter(username=username).first() or get_user_model()(
+        username=username)
 
 
 class LocalSignInView(auth_views.LoginView):
@@ -53,7 +63,6 @@ class LocalSignInView(auth_views.LoginView):
         locked = lockout(username, client_ip(request))
         if locked is None:
             return super().post(request, *args, **kwargs)
-        refuse_password_sign_in(request, "user.sign_in_refused", username, locked.reason)
         form = self.get_form()
         form.add_error(None, locked.message)
         return self.render_to_response(self.get_context_data(form=form), status=429)
@@ -69,9 +78,8 @@ class LocalSignInView(auth_views.LoginView):
     def form_invalid(self, form):
         username = form.data.get("username", "")
         if username:
-            record_failed_sign_in(username, client_ip(self.request))
-            refuse_password_sign_in(self.request, "user.sign_in_refused", username,
-                                    "wrong user name or password")
+            refuse_password(self.request, "user.sign_in_refused", username,
+                            "wrong user name or password")
         return super().form_invalid(form)
 
 
@@ -140,7 +148,6 @@ def do_break_glass_sign_in(request, username, password):
     at, and (None, None) when it was refused (the audit entry says why)."""
     locked = lockout(username, client_ip(request))
     if locked is not None:
-        refuse_password_sign_in(request, "user.break_glass_sign_in", username, locked.reason)
         return None, locked
     account = get_user_model().objects.filter(username=username).first()
     user = ModelBackend().authenticate(request, username=username, password=password)
@@ -157,8 +164,7 @@ def do_break_glass_sign_in(request, username, password):
     else:
         reason = ""
     if reason:
-        record_failed_sign_in(username, client_ip(request))
-        refuse_password_sign_in(request, "user.break_glass_sign_in", username, reason)
+        refuse_password(request, "user.break_glass_sign_in", username, reason)
         return None, None
     forget_failed_sign_ins(username, client_ip(request))
     auth.login(request, user, backend=MODEL_BACKEND)

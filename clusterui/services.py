@@ -1,5 +1,8 @@
 """Writes that matter for clusters, and the audit trail every change goes through."""
 
+import ipaddress
+
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from django.forms.models import model_to_dict
@@ -12,9 +15,35 @@ def actor_name(actor):
 
 
 def client_ip(request):
+    """The address of the person behind `request`: the socket's peer, or, when that is one of
+    CLUSTERUI_TRUSTED_PROXIES, the rightmost X-Forwarded-For address that is not (each proxy
+    appends the address it got the request from; the leftmost is whatever the client wrote).
+    An entry that is not an address ends the walk at the proxy that passed it on."""
     if request is None:
         return None
-    return request.META.get("REMOTE_ADDR") or None
+    address = _address(request.META.get("REMOTE_ADDR"))
+    if address is None:
+        return None
+    forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
+    hops = forwarded.split(",") if forwarded else []
+    while hops and _trusted_proxy(address):
+        hop = _address(hops.pop())
+        if hop is None:
+            break
+        address = hop
+    return str(address)
+
+
+def _address(text):
+    try:
+        address = ipaddress.ip_address((text or "").strip())
+    except ValueError:
+        return None
+    return getattr(address, "ipv4_mapped", None) or address
+
+
+def _trusted_proxy(address):
+    return any(address in network for network in settings.CLUSTERUI_TRUSTED_PROXIES)
 
 
 def record_audit(actor, action, obj, *, changes=None, cluster=None, request=None, now=None):

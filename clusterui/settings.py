@@ -9,6 +9,7 @@ CLUSTERUI_MODE picks the mode:
 .env.example lists every variable.
 """
 
+import ipaddress
 import os
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -56,6 +57,19 @@ def envfloat(name, default):
         return float(value)
     except ValueError:
         raise ImproperlyConfigured(f"{name} must be a number, got {value!r}") from None
+
+
+def envnetworks(name):
+    """Comma-separated addresses or CIDR networks, as ipaddress networks."""
+    networks = []
+    for item in (envstr(name) or "").split(","):
+        if item.strip():
+            try:
+                networks.append(ipaddress.ip_network(item.strip(), strict=False))
+            except ValueError:
+                raise ImproperlyConfigured(
+                    f"{name}: {item.strip()!r} is not an address or network") from None
+    return tuple(networks)
 
 
 def envsecret(name, default=None):
@@ -300,6 +314,11 @@ CLUSTERUI_BREAK_GLASS = envbool("CLUSTERUI_BREAK_GLASS", True)
 # Password guessing (local form and break-glass; clusterui/sign_in_limits.py): an account
 # name is locked from one address after this many refusals within the window, and an
 # address after ..._PER_ADDRESS over all names.
+# Behind proxies or load balancers: their addresses or networks, whose X-Forwarded-For is
+# believed. A request's client is the rightmost X-Forwarded-For address that is not one of
+# them (clusterui.services.client_ip); the leftmost is whatever the client wrote. Empty:
+# the socket's peer. It is the address of the audit trail and of the sign-in limits.
+CLUSTERUI_TRUSTED_PROXIES = envnetworks("CLUSTERUI_TRUSTED_PROXIES")
 CLUSTERUI_SIGN_IN_MAX_FAILURES = envint("CLUSTERUI_SIGN_IN_MAX_FAILURES", 5)
 CLUSTERUI_SIGN_IN_MAX_FAILURES_PER_ADDRESS = envint("CLUSTERUI_SIGN_IN_MAX_FAILURES_PER_ADDRESS", 20)
 CLUSTERUI_SIGN_IN_LOCKOUT_S = envint("CLUSTERUI_SIGN_IN_LOCKOUT_S", 900)

@@ -4,7 +4,9 @@ Every refused password sign-in is a FailedSignIn row. An account name tried from
 source address CLUSTERUI_SIGN_IN_MAX_FAILURES times within CLUSTERUI_SIGN_IN_LOCKOUT_S, or a
 source address that reached CLUSTERUI_SIGN_IN_MAX_FAILURES_PER_ADDRESS over any names, is
 locked: its sign-ins are refused without the password being looked at until the oldest of
-those refusals leaves the window. Attempts refused while locked do not count.
+those refusals leaves the window. Attempts refused while locked do not count, and write
+nothing: a locked address hammering the form costs a read per attempt, and the audit trail
+has one row for the lockout (the refusal that began it), not one per attempt.
 
 The account is locked only from the address that guessed: the break-glass account is for
 when the identity provider is down, and anyone who can reach the form could otherwise keep
@@ -60,9 +62,11 @@ def lockout(username, source_ip, *, now=None):
 
 
 def record_failed_sign_in(username, source_ip, *, now=None):
+    """Count a refused password. Returns the Lockout this refusal began, or None."""
     now = now or timezone.now()
     FailedSignIn.objects.filter(at__lte=_window(now)).delete()
     FailedSignIn.objects.create(at=now, username=username.casefold(), source_ip=source_ip)
+    return lockout(username, source_ip, now=now)
 
 
 def forget_failed_sign_ins(username, source_ip):

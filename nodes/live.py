@@ -10,10 +10,11 @@ I/O); the publisher calls flush() every 100 ms and snapshot() once a second.
 """
 
 import asyncio
-import json
 
 import orjson
 from django.conf import settings
+
+from .protocol import SAMPLE_GPU, SAMPLE_NODE
 
 LIVE_KEY = "clusterui:live:{cluster_id}"
 # Samples recorded by every server process since Redis started: one INCRBY per flush
@@ -23,30 +24,33 @@ RECORDED_KEY = "clusterui:live:recorded"
 LIVE_TTL_S = 3600
 
 
+_GPU_FIELDS = tuple(SAMPLE_GPU)
+_NODE_FIELDS = tuple(SAMPLE_NODE)
+
+
 def live_entry(frame, *, node_id, received_at, memory_totals):
-    """What the store keeps of a sample: its GPUs (with their memory totals) and node metrics."""
+    """What the store keeps of a sample: its GPUs' readings (with their memory totals) and
+    the node's metrics, the protocol's fields only (a sample may carry fields this server
+    does not know, of any size: PROTOCOL.md has a receiver ignore them)."""
     gpus = []
     for gpu in frame["gpus"]:
-        gpus.append({**gpu, "mem_total_bytes": memory_totals.get(gpu["uuid"])})
+        reading = {field: gpu.get(field) for field in _GPU_FIELDS}
+        reading["mem_total_bytes"] = memory_totals.get(gpu["uuid"])
+        gpus.append(reading)
+    node = frame.get("node") or {}
     return {"node_id": node_id, "seq": frame["seq"], "ts": frame["ts"],
-            "received_at": received_at, "gpus": gpus, "node": frame.get("node") or {}}
+            "received_at": received_at, "gpus": gpus,
+            "node": {field: node.get(field) for field in _NODE_FIELDS}}
 
 
 def _encode(entry):
-    """An entry as JSON: orjson (a tenth of json.dumps' time; a number that is not finite,
-    which only a sample the standard library decoded can hold, becomes null), and
-    json.dumps for what orjson refuses (an integer beyond 64 bits)."""
-    try:
-        return orjson.dumps(entry)
-    except orjson.JSONEncodeError:
-        return json.dumps(entry)
+    """An entry as JSON. orjson takes every value a valid sample holds (nodes.protocol:
+    finite numbers, integers within 64 bits)."""
+    return orjson.dumps(entry)
 
 
 def _decode(raw):
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return json.loads(raw)  # e.g. Infinity, written by json.dumps
+    return orjson.loads(raw)
 
 
 def _decode_all(raw):

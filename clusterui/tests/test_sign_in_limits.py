@@ -1,8 +1,11 @@
 """Password guessing is limited on the local sign-in form and on break-glass: an account name
 tried from one address, or an address over all names, is locked for the window after too
-many refusals; while locked nothing is checked (the right password gets in no sooner), the
-person is told until when (429), and the attempt is audited. Another address still gets in."""
+many refusals; while locked nothing is checked (the right password gets in no sooner) and
+nothing is written, the person is told until when (429), and the audit trail has one row
+for the lockout. Another address still gets in; behind a proxy, the address is the one the
+trusted proxies saw, not one the client wrote."""
 
+import ipaddress
 from datetime import timedelta
 
 import pytest
@@ -42,19 +45,25 @@ def signed_in(client):
 
 
 @pytest.mark.parametrize("form", FORMS)
-def test_after_the_limit_even_the_right_password_is_refused_and_audited(client, root, form):
+def test_after_the_limit_even_the_right_password_is_refused_and_the_lockout_audited_once(
+        client, root, form):
     for _ in range(3):
         assert sign_in(client, form, "root", "guess").status_code == 200
-    response = sign_in(client, form, "root", "password")
-    assert response.status_code == 429
-    assert "Too many failed sign-ins; try again after" in response.text
+    rows_when_locked = AuditEntry.objects.count()
+    for _ in range(10):
+        response = sign_in(client, form, "root", "password")
+        assert response.status_code == 429
+        assert "Too many failed sign-ins; try again after" in response.text
     assert not signed_in(client)
     _, action = FORMS[form]
-    refused = AuditEntry.objects.filter(action=action).order_by("id")
-    assert [e.changes["reason"] for e in refused][-1] == (
-        "too many failed sign-ins for this account from this address")
-    assert refused.last().actor is None and refused.last().source_ip == "127.0.0.1"
-    # Refusals while locked do not count: the lock ends with the window of the first three.
+    assert AuditEntry.objects.filter(action=action).count() == 3  # the three passwords refused
+    [locked] = AuditEntry.objects.filter(action="user.sign_in_locked_out")
+    assert locked.changes["reason"] == "too many failed sign-ins for this account from this address"
+    assert locked.changes["username"] == "root" and locked.changes["form"] == action
+    assert locked.actor is None and locked.source_ip == "127.0.0.1"
+    # Refusals while locked write nothing, and do not count: the lock ends with the window
+    # of the first three.
+    assert AuditEntry.objects.count() == rows_when_locked
     assert FailedSignIn.objects.count() == 3
 
 
@@ -73,8 +82,8 @@ def test_an_address_trying_many_names_is_locked(client, root):
         sign_in(client, "break-glass", name, "guess")
     response = sign_in(client, "break-glass", "root", "password")
     assert response.status_code == 429 and not signed_in(client)
-    last = AuditEntry.objects.filter(action="user.break_glass_sign_in").order_by("id").last()
-    assert last.changes["reason"] == "too many failed sign-ins from this address"
+    [locked] = AuditEntry.objects.filter(action="user.sign_in_locked_out")
+    assert locked.changes["reason"] == "too many failed sign-ins from this address"
 
 
 def test_the_lock_ends_when_the_oldest_refusal_leaves_the_window(root):
@@ -116,3 +125,29 @@ def test_a_refused_local_sign_in_is_audited_with_the_name_tried(client):
     assert entry.actor is None and entry.object_repr == "nobody"
     assert entry.changes == {"method": "password", "outcome": "refused",
                              "reason": "wrong user name or password", "username": "nobody"}
+
+
+@pytest.fixture
+def behind_a_proxy(settings):
+    settings.CLUSTERUI_TRUSTED_PROXIES = (ipaddress.ip_network("10.0.0.0/8"),)
+    return Client(REMOTE_ADDR="10.0.0.2")
+
+
+def test_behind_a_trusted_proxy_a_forged_forwarded_for_does_not_dodge_the_limit(
+        behind_a_proxy, root):
+    # The attacker writes a new X-Forwarded-For each time; the proxy appends the address it
+    # got the request from.
+    for i in range(3):
+        sign_in_through(behind_a_proxy, f"198.51.100.{i}, 203.0.113.9", "guess")
+    response = sign_in_through(behind_a_proxy, "192.0.2.77, 203.0.113.9", "password")
+    assert response.status_code == 429
+    assert set(FailedSignIn.objects.values_list("source_ip", flat=True)) == {"203.0.113.9"}
+    [locked] = AuditEntry.objects.filter(action="user.sign_in_locked_out")
+    assert locked.source_ip == "203.0.113.9"
+    # Another person behind the same proxy is not locked out.
+    assert sign_in_through(behind_a_proxy, "203.0.113.10", "password").status_code == 302
+
+
+def sign_in_through(client, forwarded_for, password):
+    return client.post("/accounts/login/", {"username": "root", "password": password},
+                       HTTP_X_FORWARDED_FOR=forwarded_for)

@@ -6,10 +6,8 @@ hundred frames here; bench/fuzz/run.py sends 10,000 a type to daphne."""
 import json
 
 import pytest
-from channels.testing import WebsocketCommunicator
 
 from bench.fuzz.frames import FRAME_TYPES, Closed, fuzz
-from clusterui.asgi import application
 from nodes.tests.test_consumers import GPUS, hello, join
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True),

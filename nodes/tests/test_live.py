@@ -4,6 +4,7 @@ import json
 import time
 from datetime import datetime, timedelta, timezone as dt_timezone
 
+import orjson
 import pytest
 from channels.db import database_sync_to_async
 from channels.layers import InMemoryChannelLayer
@@ -235,3 +236,24 @@ def test_a_sample_keeps_what_the_overview_needs():
 
     kept = entry(FakeNode, 99, 5 * GIB, received_at=time.time())
     assert kept["node_id"] == 7 and kept["gpus"][0]["mem_total_bytes"] == 100 * GIB
+
+
+def test_a_live_entry_keeps_the_protocols_fields_and_nothing_else():
+    """A sample may carry fields this server does not know, of any size and depth; the store
+    (Redis, every second) keeps only the readings."""
+    deep = {}
+    inner = deep
+    for _ in range(900):
+        inner["x"] = {}
+        inner = inner["x"]
+    frame = {"type": "sample", "seq": 3, "ts": 1.5, "future": "f" * 500_000,
+             "gpus": [{"uuid": "GPU-1", "temp_c": 55, "vendor_extra": deep}],
+             "node": {"cpu_pct": 7.5, "extra": ["e" * 1000]}}
+    entry = live_entry(frame, node_id=4, received_at=2.0, memory_totals={"GPU-1": 80})
+    [gpu] = entry["gpus"]
+    assert gpu["temp_c"] == 55 and gpu["mem_total_bytes"] == 80 and "vendor_extra" not in gpu
+    assert entry["node"]["cpu_pct"] == 7.5 and "extra" not in entry["node"]
+    assert "future" not in entry
+    store = MemoryLiveStore()
+    store.record(1, entry)
+    assert len(orjson.dumps(store.latest[1][4])) < 1000
