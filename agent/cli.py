@@ -16,7 +16,14 @@ from agent import __version__, host, protocol
 from agent.backends import BackendUnavailable
 from agent.client import AgentClient
 from agent.commands import RebootCommand, SimulatedReboot
-from agent.config import ConfigError, build_config, read_config_file
+from agent.config import (
+    TOKEN_ENVIRONMENT,
+    TOKEN_ON_ARGV,
+    ConfigError,
+    build_config,
+    read_config_file,
+    tls_context,
+)
 from agent.detectors import close_watchers, make_watchers
 from agent.node_metrics import NodeMetrics
 from agent.node_token import read_node_token
@@ -34,7 +41,17 @@ def make_parser():
         description="clusterui node agent: reports this node's GPUs to the clusterui server.",
     )
     parser.add_argument("--server", help="the server's agent endpoint, wss://HOST/ws/agent/")
-    parser.add_argument("--token", help="join token (used until the server issues a node token)")
+    parser.add_argument(
+        "--token-file", metavar="FILE",
+        help="a file holding the join token (used until the server issues a node token); "
+             "or token in --config, or the CLUSTERUI_AGENT_TOKEN environment variable",
+    )
+    parser.add_argument("--token", help=argparse.SUPPRESS)  # refused: see TOKEN_ON_ARGV
+    parser.add_argument("--ca-file", metavar="FILE",
+                        help="the CA certificates a wss:// server's certificate is checked "
+                             "against (default: the system's)")
+    parser.add_argument("--insecure", action="store_true", default=None,
+                        help="allow ws:// to another machine (plaintext: a test network only)")
     parser.add_argument("--config", metavar="FILE", help="TOML file with the same keys")
     parser.add_argument(
         "--state-dir", help="node token and event outbox (default /var/lib/clusterui-agent)"
@@ -101,10 +118,13 @@ def main(argv=None):
     parser = make_parser()
     args = parser.parse_args(argv)
     options = vars(args)
+    if options.pop("token") is not None:
+        parser.error(f"--token: {TOKEN_ON_ARGV}")
     config_path = options.pop("config")
     try:
         file_values = read_config_file(config_path) if config_path else {}
         config = build_config(options, file_values)
+        tls = tls_context(config.server, config.ca_file) if config.server else None
     except ConfigError as exc:
         parser.error(str(exc))  # exits 2
 
@@ -123,7 +143,7 @@ def main(argv=None):
     try:
         if config.print_once:
             return print_once(config, backend, boot_id)
-        return run_agent(config, backend, boot_id)
+        return run_agent(config, backend, boot_id, tls)
     finally:
         backend.close()
 
@@ -176,7 +196,7 @@ def print_once(config, backend, boot_id):
     return 0
 
 
-def run_agent(config, backend, boot_id):
+def run_agent(config, backend, boot_id, tls=None):
     try:
         os.makedirs(config.state_dir, mode=0o700, exist_ok=True)
         node_token = read_node_token(config.state_dir)
@@ -184,14 +204,15 @@ def run_agent(config, backend, boot_id):
         return _fail(f"cannot use the state dir {config.state_dir}: {exc.strerror}")
     if not config.token and not node_token:
         return _fail(
-            f"no token: give a join token with --token (or token in --config); "
-            f"{config.state_dir} holds no node token yet"
+            f"no token: give a join token with --token-file, token in --config, or "
+            f"{TOKEN_ENVIRONMENT}; {config.state_dir} holds no node token yet"
         )
 
     outbox = Outbox(os.path.join(config.state_dir, OUTBOX_FILE))
     watchers = make_watchers(config, backend)
     client = AgentClient(
         server_url=config.server,
+        tls=tls,
         join_token=config.token,
         node_token=node_token,
         node_name=config.node_name,

@@ -88,8 +88,10 @@ class AgentClient:
         backoff_cap_s=BACKOFF_CAP_S,
         stable_connection_s=STABLE_CONNECTION_S,
         rng=random,
+        tls=None,
     ):
         self.server_url = server_url
+        self._tls = tls  # an ssl.SSLContext for wss:// (agent.config.tls_context); None: ws://
         self.node_name = node_name
         self.boot_id = boot_id
         self.sample_interval_s = sample_interval_s
@@ -244,6 +246,7 @@ class AgentClient:
                 user_agent_header=f"clusterui-agent/{__version__}",
                 max_size=RECEIVE_MAX_BYTES,
                 close_timeout=5,
+                **({"ssl": self._tls} if self._tls is not None else {}),
             ) as ws:
                 try:
                     await self._serve(ws)
@@ -361,7 +364,7 @@ class AgentClient:
         elif kind == "node":
             log.error(
                 "the server refused the stored node token (%s) and there is no join token "
-                "to fall back on; retrying with backoff (give a join token with --token)",
+                "to fall back on; retrying with backoff (give a join token with --token-file)",
                 why,
             )
         else:

@@ -3,18 +3,29 @@
 The TOML file holds the same keys as the long options, with underscores:
 
     server = "wss://clusterui.example.com/ws/agent/"
-    token = "..."
+    token = "..."                       # or token_file = "/etc/clusterui-agent/join-token"
+    ca_file = "/etc/ssl/private-ca.pem"  # a private PKI's CA for wss://
     state_dir = "/var/lib/clusterui-agent"
     node_name = "gpu-001"
     sample_interval = 1.0
     throttle_hold = 10.0
     kmsg = "/dev/kmsg"
     reboot_command = "systemctl reboot"
+
+The join token comes from a file (token_file, or the config file's token) or the
+environment (CLUSTERUI_AGENT_TOKEN), never the command line: any local user reads that
+with ps (PROTOCOL.md). The server is wss:// (its certificate verified, against ca_file when
+given), or ws:// to this machine; ws:// to another needs --insecure: the token and every
+frame would cross the network in plaintext.
 """
 
+import ipaddress
+import os
 import re
 import shlex
+import ssl
 import tomllib
+from urllib.parse import urlsplit
 from dataclasses import dataclass, field
 
 from agent import host
@@ -37,6 +48,9 @@ NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # PROTOCOL.md, hello
 FILE_KEYS = {
     "server": ((str,), "a string"),
     "token": ((str,), "a string"),
+    "token_file": ((str,), "a string"),
+    "ca_file": ((str,), "a string"),
+    "insecure": ((bool,), "true or false"),
     "state_dir": ((str,), "a string"),
     "node_name": ((str,), "a string"),
     "sample_interval": ((int, float), "a number"),
@@ -51,14 +65,66 @@ FILE_KEYS = {
 }
 
 
+TOKEN_ENVIRONMENT = "CLUSTERUI_AGENT_TOKEN"
+TOKEN_ON_ARGV = ("a token on the command line is readable by every local user (ps): give "
+                 f"--token-file FILE, token in --config FILE, or {TOKEN_ENVIRONMENT}")
+
+
 class ConfigError(ValueError):
     """A setting that is missing or wrong; the message names it."""
+
+
+def read_join_token(token_file, file_token=None, environ=os.environ):
+    """The join token: from token_file, else the config file's `token`, else
+    CLUSTERUI_AGENT_TOKEN; None when none is given."""
+    if token_file:
+        try:
+            with open(token_file) as f:
+                token = f.read().strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the token file {token_file}: {exc.strerror}") from exc
+        if not token:
+            raise ConfigError(f"the token file {token_file} is empty")
+        return token
+    return file_token or environ.get(TOKEN_ENVIRONMENT) or None
+
+
+def check_server(url, *, insecure=False):
+    """ws:// or wss://; ws:// only to this machine unless `insecure`."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("ws", "wss"):
+        raise ConfigError(f"server {url!r} must start with ws:// or wss://")
+    if parts.scheme == "ws" and not insecure and not is_loopback(parts.hostname or ""):
+        raise ConfigError(
+            f"server {url!r}: ws:// to another machine sends the token and every frame in "
+            f"plaintext; use wss://, or give --insecure (a test network only)")
+
+
+def is_loopback(host):
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def tls_context(server, ca_file):
+    """The TLS settings for a wss:// server: the system's CAs, or ca_file's; None for ws://."""
+    if not server.startswith("wss://"):
+        return None
+    try:
+        return ssl.create_default_context(cafile=ca_file)  # verifies the certificate and name
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot read the CA file {ca_file}: {exc}") from exc
 
 
 @dataclass
 class Config:
     server: str | None = None
     token: str | None = None  # the join token (a stored node token wins over it)
+    ca_file: str | None = None
+    insecure: bool = False
     state_dir: str = DEFAULT_STATE_DIR
     node_name: str = ""
     sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S
@@ -92,7 +158,7 @@ def read_config_file(path):
     return values
 
 
-def build_config(options, file_values=None):
+def build_config(options, file_values=None, environ=os.environ):
     """options: the command line's values (None where not given); file_values: the
     config file's. The command line wins."""
     values = dict(file_values or {})
@@ -100,7 +166,9 @@ def build_config(options, file_values=None):
 
     config = Config(
         server=values.get("server"),
-        token=values.get("token") or None,
+        token=read_join_token(values.get("token_file"), values.get("token"), environ),
+        ca_file=values.get("ca_file"),
+        insecure=bool(values.get("insecure", False)),
         state_dir=values.get("state_dir", DEFAULT_STATE_DIR),
         node_name=values.get("node_name") or host.short_hostname(),
         sample_interval_s=float(values.get("sample_interval", DEFAULT_SAMPLE_INTERVAL_S)),
@@ -133,8 +201,9 @@ def build_config(options, file_values=None):
             raise ConfigError(
                 "no server: give --server wss://HOST/ws/agent/ (or server in --config)"
             )
-        if not config.server.startswith(("ws://", "wss://")):
-            raise ConfigError(f"server {config.server!r} must start with ws:// or wss://")
+        check_server(config.server, insecure=config.insecure)
+        if config.ca_file and not config.server.startswith("wss://"):
+            raise ConfigError("--ca-file applies to a wss:// server only")
 
     try:
         reboot_argv = shlex.split(config.reboot_command)

@@ -9,7 +9,10 @@ simulated backend, with its own state dir under --state-dir:
     <state-dir>/<node>/outbox.sqlite3      its unacked events
 
     python -m agent.fleet --server ws://127.0.0.1:8000/ws/agent/ --state-dir var/fleet \\
-        --names 'gpu-{:03d}' --count 64 [--token JOIN_TOKEN]
+        --names 'gpu-{:03d}' --count 64 [--token-file FILE]
+
+The join token, for nodes without a node token, comes as the agent's does: --token-file,
+or CLUSTERUI_AGENT_TOKEN; never the command line.
 """
 
 import argparse
@@ -27,7 +30,15 @@ from agent.backends.simulated import SimulatedBackend
 from agent.checks.simulated import SimulatedCheckRunner
 from agent.client import AgentClient
 from agent.commands import DEFAULT_SIMULATED_BOOT_S, SimulatedReboot
-from agent.config import Config
+from agent.config import (
+    TOKEN_ENVIRONMENT,
+    TOKEN_ON_ARGV,
+    Config,
+    ConfigError,
+    check_server,
+    read_join_token,
+    tls_context,
+)
 from agent.detectors import make_watchers
 from agent.inject import InjectSpecError, check_gpu_indexes, parse_inject
 from agent.node_token import read_node_token
@@ -77,12 +88,13 @@ def build_client(name, args):
     os.makedirs(state_dir, mode=0o700, exist_ok=True)
     node_token = read_node_token(state_dir)
     if not node_token and not args.token:
-        raise SystemExit(f"fleet: {state_dir} holds no node token and no --token was given")
+        raise SystemExit(f"fleet: {state_dir} holds no node token, and no join token was "
+                         f"given (--token-file or {TOKEN_ENVIRONMENT})")
     backend = SimulatedBackend(name, gpu_count=args.gpus,
                                faults=read_faults(state_dir, args.gpus))
     outbox = Outbox(os.path.join(state_dir, OUTBOX_FILE))
     client = AgentClient(
-        server_url=args.server, join_token=args.token, node_token=node_token, node_name=name,
+        server_url=args.server, tls=args.tls, join_token=args.token, node_token=node_token, node_name=name,
         boot_id=host.simulated_boot_id(state_dir), state_dir=state_dir, backend=backend,
         node_metrics=SimulatedNodeMetrics(backend, phase=zlib.crc32(name.encode()) % 360),
         outbox=outbox, watchers=make_watchers(Config(node_name=name), backend),
@@ -119,13 +131,26 @@ def main(argv=None):
     parser.add_argument("--names", default="node-{:03d}", help="a format for the node names")
     parser.add_argument("--count", type=int, required=True, help="how many nodes")
     parser.add_argument("--first", type=int, default=1, help="the number of the first node")
-    parser.add_argument("--token", help="a join token, for nodes without a node token")
+    parser.add_argument("--token-file", metavar="FILE",
+                        help=f"a file holding a join token, for nodes without a node token "
+                             f"(or {TOKEN_ENVIRONMENT})")
+    parser.add_argument("--token", help=argparse.SUPPRESS)  # refused: see TOKEN_ON_ARGV
+    parser.add_argument("--insecure", action="store_true",
+                        help="allow ws:// to another machine (plaintext: a test network only)")
     parser.add_argument("--gpus", type=int, default=8, help="simulated GPUs per node")
     parser.add_argument("--sample-interval", type=float, default=1.0, metavar="SECONDS")
     parser.add_argument("--simulated-boot", type=float, default=DEFAULT_SIMULATED_BOOT_S,
                         metavar="SECONDS", help="how long a node the server reboots stays down")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
+    if args.token is not None:
+        parser.error(f"--token: {TOKEN_ON_ARGV}")
+    try:
+        check_server(args.server, insecure=args.insecure)
+        args.token = read_join_token(args.token_file)
+        args.tls = tls_context(args.server, None)
+    except ConfigError as exc:
+        parser.error(str(exc))
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     names = [args.names.format(n) for n in range(args.first, args.first + args.count)]

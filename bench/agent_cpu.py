@@ -106,8 +106,6 @@ async def measure_agent(seconds, gpus, nvml):
                     "agent",
                     "--server",
                     f"ws://127.0.0.1:{port}/ws/agent/",
-                    "--token",
-                    "bench-join-token",
                     *backend_args,
                     "--node-name",
                     "bench-node",
@@ -115,6 +113,7 @@ async def measure_agent(seconds, gpus, nvml):
                     state_dir,
                 ],
                 cwd=REPO,
+                env={**os.environ, "CLUSTERUI_AGENT_TOKEN": "bench-join-token"},
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )

@@ -256,11 +256,12 @@ class Agent(Process):
         self.node_name = name
         self.state_dir = Path(state_dir)
         argv = [sys.executable, "-m", "agent", "--simulate", "--server", server_url,
-                "--token", token, "--state-dir", self.state_dir, "--node-name", name,
-                *extra_args]
+                "--state-dir", self.state_dir, "--node-name", name, *extra_args]
         if inject:
             argv += ["--inject", inject]
-        super().__init__(f"agent {name}", argv, env=env, log_path=log_path)
+        # The join token as production passes it: never on the command line.
+        super().__init__(f"agent {name}", argv, env={**env, "CLUSTERUI_AGENT_TOKEN": token},
+                         log_path=log_path)
 
     def outbox_ids(self):
         """The ids of the events in the agent's outbox (not yet acked)."""

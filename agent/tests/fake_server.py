@@ -25,7 +25,8 @@ class Connection:
 
 
 class FakeServer:
-    def __init__(self, join_tokens=("join-1",)):
+    def __init__(self, join_tokens=("join-1",), tls=None):
+        self.tls = tls  # an ssl.SSLContext with the server's certificate: wss://localhost
         self.join_tokens = set(join_tokens)
         self.node_tokens = set()
         self.refuse_with = "close"  # a bad token: "close" (4401) or "http" (403)
@@ -45,10 +46,11 @@ class FakeServer:
 
     async def __aenter__(self):
         self._server = await serve(
-            self._handle, "127.0.0.1", 0, process_request=self._check_token
+            self._handle, "127.0.0.1", 0, process_request=self._check_token, ssl=self.tls
         ).__aenter__()
         port = self._server.sockets[0].getsockname()[1]
-        self.url = f"ws://127.0.0.1:{port}/ws/agent/"
+        self.url = (f"wss://localhost:{port}/ws/agent/" if self.tls
+                    else f"ws://127.0.0.1:{port}/ws/agent/")
         return self
 
     async def __aexit__(self, *exc_info):

@@ -161,7 +161,7 @@ def test_no_token_at_all_is_a_clear_error(tmp_path, capsys):
     code = cli.main(["--server", SERVER, "--simulate", "--state-dir", str(tmp_path)])
 
     assert code == 2
-    assert "no token: give a join token with --token" in capsys.readouterr().err
+    assert "no token: give a join token with --token-file" in capsys.readouterr().err
 
 
 def test_the_detector_options_on_the_command_line():

@@ -126,12 +126,13 @@ def test_the_agent_runs_the_watchers_and_stops_them_on_sigterm(tmp_path):
         async with FakeServer() as server:
             agent = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "agent",
-                "--server", server.url, "--token", "join-1",
+                "--server", server.url,
                 "--state-dir", str(tmp_path), "--node-name", "gpu-001",
                 "--simulate", "--gpus", "2", "--sample-interval", "0.2",
                 "--inject", "xid:79@0s:gpu1,thermal@0s:gpu0", "--throttle-hold", "1",
                 cwd=REPO,
-                env={**os.environ, "PATH": str(tmp_path)},  # no scontrol
+                env={**os.environ, "PATH": str(tmp_path),  # no scontrol
+                     "CLUSTERUI_AGENT_TOKEN": "join-1"},
                 stderr=asyncio.subprocess.PIPE,
             )
             try:
