@@ -483,7 +483,7 @@ def prepare_fleet(fleet_dir):
     for node in Node.objects.filter(cluster=cluster):
         state_dir = Path(fleet_dir) / node.name
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        save_node_token(str(state_dir), do_issue_node_token(node))
+        save_node_token(str(state_dir), do_issue_node_token(node)[1])
         (state_dir / SIMULATED_BOOT_ID_FILE).write_text(node.boot_id + "\n")
         inject = state_dir / INJECT_FILE
         if node.name in FLEET_FAULTS:

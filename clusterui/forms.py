@@ -48,5 +48,7 @@ class JoinTokenForm(forms.Form):
     note = forms.CharField(max_length=200, required=False,
                            help_text="What it is for, e.g. 'rack 12 provisioning'.")
     expires_in_hours = forms.IntegerField(
-        required=False, min_value=1, max_value=24 * 365,
-        help_text="Leave empty for a token that works until revoked.")
+        min_value=1, max_value=24 * 365, initial=24,
+        help_text="It stops working after this many hours (a leaked one does not last).")
+    single_use = forms.BooleanField(
+        required=False, help_text="It stops working once one node has joined with it.")

@@ -37,9 +37,12 @@ class Cluster(models.Model):
     acceptance_tests_enabled = models.BooleanField(
         "run acceptance tests on new and reprovisioned nodes", default=False
     )
-    allow_rejoin = models.BooleanField(
-        "let a join token re-register an existing node name (a reprovisioned node)", default=True
-    )
+    # PROTOCOL.md: a join-token hello naming an existing node is refused unless that node
+    # is open to re-join; an admin may open the whole cluster for a while (a migration).
+    rejoin_open_until = models.DateTimeField(
+        null=True, blank=True,
+        help_text="until then, join tokens may re-register any existing node of the cluster")
+    rejoin_opened_by = models.CharField(max_length=150, blank=True)
     class Scheduler(models.TextChoices):
         NONE = "none", "none (nothing to drain)"
         SLURM = "slurm", "Slurm"
@@ -77,7 +80,6 @@ class Cluster(models.Model):
         "os_image",
         "billing_rate_per_gpu_hour",
         "acceptance_tests_enabled",
-        "allow_rejoin",
         "scheduler",
         "scheduler_config",
         "ssh_login_host",
@@ -266,6 +268,7 @@ class Change(models.Model):
         SCRIPT_RUN = "script_run", "a startup script run"
         AGENT_WORK = "agent_work", "work queued for a node's agent"
         AGENT_CONFIG = "agent_config", "a node's agent configuration"
+        AGENT_ACCESS = "agent_access", "a node's token revoked, or the node removed"
 
     id = models.BigAutoField(primary_key=True)
     kind = models.CharField(max_length=16, choices=Kind.choices)

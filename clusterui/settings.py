@@ -459,6 +459,8 @@ CLUSTERUI_JOBS_BACKFILL_DAYS = envint("CLUSTERUI_JOBS_BACKFILL_DAYS", 30)
 
 # Node state timing (DESIGN.md "Node states").
 CLUSTERUI_BOOT_WINDOW_S = envint("CLUSTERUI_BOOT_WINDOW_S", 120)
+# A join token's life unless its maker picks another (PROTOCOL.md: 24 hours).
+CLUSTERUI_JOIN_TOKEN_HOURS = envint("CLUSTERUI_JOIN_TOKEN_HOURS", 24)
 # Agents send a sample this often (the welcome and config frames tell them).
 CLUSTERUI_SAMPLE_INTERVAL_S = envfloat("CLUSTERUI_SAMPLE_INTERVAL_S", 1.0)
 # No frame for this many sample intervals: the node's heartbeat is lost.

@@ -13,13 +13,20 @@ from datetime import timedelta
 
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from common.exports import csv_response, invalid_filters_response
 from nodes.choices import NodeState
 from nodes.models import AgentToken
-from nodes.services import do_issue_join_token, do_revoke_agent_token
+from nodes.forms import RejoinForm
+from nodes.services import (
+    do_close_cluster_rejoin,
+    do_issue_join_token,
+    do_open_cluster_rejoin,
+    do_revoke_agent_token,
+)
 
 from . import kubeaccess
 from . import queries as read
@@ -109,6 +116,9 @@ def _settings_context(request, cluster, **extra):
         "node_count": cluster.nodes.count(),
         "form": ClusterSettingsForm(instance=cluster),
         "token_form": JoinTokenForm(),
+        "rejoin_form": RejoinForm(),
+        "cluster_rejoin_open": (cluster.rejoin_open_until is not None
+                                and cluster.rejoin_open_until > timezone.now()),
         "join_tokens": cluster.agent_tokens.filter(kind=AgentToken.Kind.JOIN),
         "now": timezone.now(),
         **extra,
@@ -123,13 +133,40 @@ def join_token_create(request, slug):
     if not form.is_valid():
         return render(request, "clusterui/cluster_settings.html",
                       _settings_context(request, cluster, token_form=form), status=400)
-    hours = form.cleaned_data["expires_in_hours"]
     _, plaintext = do_issue_join_token(
         cluster, actor=request.user, note=form.cleaned_data["note"], request=request,
-        expires_at=timezone.now() + timedelta(hours=hours) if hours else None,
+        expires_at=timezone.now() + timedelta(hours=form.cleaned_data["expires_in_hours"]),
+        single_use=form.cleaned_data["single_use"],
     )
     return render(request, "clusterui/cluster_settings.html",
                   _settings_context(request, cluster, new_join_token=plaintext))
+
+
+@require_POST
+@require_role(Role.ADMIN)
+def cluster_rejoin_open(request, slug):
+    """For a while (a migration), join tokens may re-register any existing node."""
+    cluster = get_cluster_for_user(request, slug)
+    form = RejoinForm(request.POST)
+    if form.is_valid():
+        until = timezone.now() + timedelta(hours=form.cleaned_data["hours"])
+        do_open_cluster_rejoin(cluster, actor=request.user, until=until, request=request)
+        messages.success(request, f"Every node of {cluster.name} is open to re-join until "
+                                  f"{until:%H:%M} UTC.")
+    else:
+        messages.error(request, f"Not opened. {' '.join(form.errors['hours'])}")
+    return redirect(reverse("clusterui:cluster_settings", args=[cluster.slug]) + "#rejoin")
+
+
+@require_POST
+@require_role(Role.ADMIN)
+def cluster_rejoin_close(request, slug):
+    cluster = get_cluster_for_user(request, slug)
+    if do_close_cluster_rejoin(cluster, actor=request.user, request=request):
+        messages.success(request, f"{cluster.name} is closed to re-join.")
+    else:
+        messages.info(request, f"{cluster.name} was not open to re-join.")
+    return redirect(reverse("clusterui:cluster_settings", args=[cluster.slug]) + "#rejoin")
 
 
 @require_POST

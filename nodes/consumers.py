@@ -311,6 +311,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.channel_layer.group_discard(agent_group(self.node_id), self.channel_name)
         self.node_id = outcome.node_id
         self.cluster_id = outcome.cluster_id
+        if outcome.grant is not None:  # joined: the connection is the new node token's now
+            self.grant = outcome.grant
         self.memory_totals = {gpu["uuid"]: gpu.get("memory_total_bytes") for gpu in frame["gpus"]}
         group = agent_group(self.node_id)
         try:
@@ -327,6 +329,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.send_frame(welcome)
         for after_welcome in await on_hello_threads(ingest.frames_after_welcome)(self.node_id):
             await self.send_frame(after_welcome)
+
+    async def agent_access(self, message):
+        """The node's token was revoked or the node removed (the change feed): if this
+        connection's token no longer works, it goes (PROTOCOL.md, 4401)."""
+        if self.closed or self.grant in (None, TOKEN_NOT_CHECKED):
+            return
+        if not await database_sync_to_async(ingest.grant_usable)(self.grant):
+            logger.info("agent connection of node %s closed: its token was revoked or the "
+                        "node removed", self.node_id)
+            await self.close_with(CLOSE_BAD_TOKEN)
 
     async def agent_replaced(self, message):
         """A newer connection for this node said hello: this one goes (PROTOCOL.md, 4409)."""

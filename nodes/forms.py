@@ -5,6 +5,7 @@ from healthchecks.forms import ACCEPTANCE_BATTERY, RunCheckForm
 from healthchecks.models import CheckRun
 
 from .choices import NodeRole
+from .services import REJOIN_MAX_HOURS
 
 ROLE_ERRORS = {"required": "Pick a role.",
                "invalid_choice": "%(value)s is not a role: pick worker, login or controller."}
@@ -12,6 +13,17 @@ ROLE_ERRORS = {"required": "Pick a role.",
 
 class PauseNodeForm(forms.Form):
     reason = forms.CharField(max_length=200, help_text="Why: shown on the node and the timeline.")
+
+
+class RejoinForm(forms.Form):
+    """Open a node (or a whole cluster) to re-join for a while (PROTOCOL.md)."""
+    hours = forms.IntegerField(min_value=1, max_value=REJOIN_MAX_HOURS, initial=2,
+                               error_messages={"required": "Say for how many hours."})
+
+
+class RemoveNodeForm(forms.Form):
+    reason = forms.CharField(max_length=200, error_messages={
+        "required": "Say why the node is removed: it goes on the audit trail."})
 
 
 class NodeRoleForm(forms.Form):

@@ -30,24 +30,19 @@ from . import agent_work
 from .models import AgentEventReceipt, AgentToken, Gpu, Node
 from .services import (
     COMMANDS,
+    do_close_rejoin,
     do_issue_node_token,
     do_record_command_result,
     do_record_hello,
     do_register_node,
     find_usable_token,
+    opened_by_a_repair,
+    rejoin_opening,
+    use_join_token,
 )
 from .states import note_on_timeline
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class HelloOutcome:
-    node_id: int = 0
-    cluster_id: int = 0
-    node_token: str | None = None
-    close_code: int | None = None
-    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -57,6 +52,20 @@ class TokenGrant:
     cluster_id: int
     node_id: int | None
 
+    @classmethod
+    def of(cls, token):
+        return cls(token.pk, token.kind, token.cluster_id, token.node_id)
+
+
+@dataclass(frozen=True)
+class HelloOutcome:
+    node_id: int = 0
+    cluster_id: int = 0
+    node_token: str | None = None
+    grant: TokenGrant | None = None  # after a join: the connection goes on as the new token's
+    close_code: int | None = None
+    reason: str = ""
+
 
 def authenticate(plaintext):
     """The grant for a usable agent token, or None."""
@@ -64,7 +73,16 @@ def authenticate(plaintext):
     if token is None:
         return None
     AgentToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
-    return TokenGrant(token.pk, token.kind, token.cluster_id, token.node_id)
+    return TokenGrant.of(token)
+
+
+def grant_usable(grant, now=None):
+    """Whether the connection's token still works and its node still exists (a revoked token
+    or a removed node closes the connection: PROTOCOL.md, 4401)."""
+    tokens = AgentToken.objects.usable(now or timezone.now()).filter(pk=grant.token_id)
+    if grant.node_id is not None:
+        tokens = tokens.filter(node_id=grant.node_id)
+    return tokens.exists()
 
 
 def sample_interval_s():
@@ -79,33 +97,57 @@ def accept_hello(grant, frame, now=None):
     token = token.first()
     if token is None:
         return HelloOutcome(close_code=4401, reason="token revoked or expired")
-    node_token = None
+    node_token = new_grant = None
     if token.kind == AgentToken.Kind.NODE:
         node = Node.objects.select_related("cluster").get(pk=token.node_id)
         if frame["node"] != node.name:
             return HelloOutcome(close_code=4403, reason=f"this token belongs to node {node.name}")
     else:
-        node = Node.objects.filter(cluster=token.cluster, name=frame["node"]).first()
-        if node is not None and not token.cluster.allow_rejoin:
-            return HelloOutcome(close_code=4403,
-                                reason=f"node {node.name} exists and re-join is off")
-        action = "node.join" if node is None else "node.rejoin"
-        if node is None:
-            node = do_register_node(token.cluster, frame["node"], now=now)
-        else:
-            Node.objects.filter(pk=node.pk).update(
-                joined_at=now, acceptance_required=token.cluster.acceptance_tests_enabled)
-            note_on_timeline(node, "re-joined with a join token", now=now)
-        node_token = do_issue_node_token(node, now=now)
-        record_audit(None, action, node, cluster=token.cluster, now=now,
-                     changes={"join_token": token.prefix, "boot_id": frame["boot_id"]})
+        node, refusal = _join(token, frame, now)
+        if refusal is not None:
+            return refusal
+        issued, node_token = do_issue_node_token(node, now=now)
+        new_grant = TokenGrant.of(issued)
     rebooted = frame["boot_id"] != node.boot_id
     do_record_hello(node, boot_id=frame["boot_id"], agent_version=frame["agent_version"],
                     gpus=frame["gpus"], slurm=frame.get("slurm"), now=now)
     do_judge_inventory(node, now=now)
     start_checks_after_hello(node, rebooted=rebooted, now=now)
     do_hold_for_boot_scripts(node, rebooted=rebooted, now=now)
-    return HelloOutcome(node_id=node.pk, cluster_id=node.cluster_id, node_token=node_token)
+    return HelloOutcome(node_id=node.pk, cluster_id=node.cluster_id, node_token=node_token,
+                        grant=new_grant)
+
+
+def _join(token, frame, now):
+    """A join-token hello: (the node it registers or re-joins, None), or (None, the refusal).
+    An existing node re-joins only while it is open to re-join (PROTOCOL.md)."""
+    name = frame["node"]
+    if token.for_node_id is not None and token.for_node.name != name:
+        return None, HelloOutcome(close_code=4403, reason=f"this join token is for node "
+                                                          f"{token.for_node.name}'s re-join")
+    node = Node.objects.select_for_update(of=("self",)).select_related("cluster").filter(
+        cluster=token.cluster, name=name).first()
+    opening = rejoin_opening(node, now) if node is not None else None
+    if node is not None and opening is None:
+        return None, HelloOutcome(close_code=4403, reason=(
+            f"node {name} exists and is not open to re-join: an admin opens it on its page "
+            f"(a reprovision or failover repair opens it while it runs)"))
+    if not use_join_token(token, now=now):
+        return None, HelloOutcome(close_code=4401, reason="this single-use join token was used")
+    audit = {"join_token": token.prefix, "boot_id": frame["boot_id"]}
+    if node is None:
+        node = do_register_node(token.cluster, name, now=now)
+        record_audit(None, "node.join", node, cluster=token.cluster, now=now, changes=audit)
+        return node, None
+    Node.objects.filter(pk=node.pk).update(
+        joined_at=now, acceptance_required=token.cluster.acceptance_tests_enabled)
+    note_on_timeline(node, f"re-joined with join token {token.prefix}… ({opening})", now=now)
+    record_audit(None, "node.rejoin", node, cluster=token.cluster, now=now,
+                 changes={**audit, "open": opening})
+    if node.rejoin_open_until is not None and not opened_by_a_repair(node):
+        # An admin's opening is for one re-join; a repair's lasts until the repair ends.
+        do_close_rejoin(node, reason="re-joined", now=now)
+    return node, None
 
 
 def severity_of(frame, gpu):

@@ -67,6 +67,11 @@ class Node(models.Model):
         help_text="picks its startup scripts (set by an admin on the node page: "
         "nodes.services.do_set_node_role)")
 
+    # Open to re-join (PROTOCOL.md): until then a join-token hello with this node's name
+    # re-registers it (a reprovisioned machine). An admin opens it from the node page; a
+    # reprovision or failover repair opens it while it runs. rejoin_opened_by says who.
+    rejoin_open_until = models.DateTimeField(null=True, blank=True)
+    rejoin_opened_by = models.CharField(max_length=150, blank=True)
     boot_id = models.CharField(max_length=64, blank=True)
     agent_version = models.CharField(max_length=32, blank=True)
     slurm_state = models.CharField(
@@ -208,6 +213,11 @@ class AgentToken(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    single_use = models.BooleanField(
+        default=False, help_text="a join token that stops working once a node joined with it")
+    for_node = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.CASCADE, related_name="+",
+        help_text="a join token that may only re-join this node (made by its repair)")
 
     objects = AgentTokenQuerySet.as_manager()
 
@@ -218,7 +228,9 @@ class AgentToken(models.Model):
                 condition=models.Q(kind="join", node__isnull=True)
                 | models.Q(kind="node", node__isnull=False),
                 name="node_token_names_its_node",
-            )
+            ),
+            models.CheckConstraint(condition=models.Q(kind="join") | models.Q(for_node__isnull=True),
+                                   name="only_a_join_token_is_for_a_node"),
         ]
 
     def __str__(self):

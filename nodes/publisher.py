@@ -10,7 +10,8 @@ also
 - every FEED_EVERY_S: reads the change feed (clusterui/changes.py), whoever wrote it (a
   view, a consumer, a Celery worker), and pushes it: one "health.changed",
   "repair.changed" or "check.changed" per cluster however many rows, and to a node's agent
-  connection the work queued for it ("work.offer") or a new config ("config.changed").
+  connection the work queued for it ("work.offer"), a new config ("config.changed") or
+  that its token was revoked or its node removed ("agent.access").
 Agent connections never group_send (PROTOCOL.md traffic stays inside the process that
 received it).
 """
@@ -139,6 +140,8 @@ def read_feed_messages():
                 "type": "work.offer", "kind": name, "id": work_id}
         elif change.kind == Kind.AGENT_CONFIG and change.node_id is not None:
             messages[(agent_group(change.node_id), "config")] = {"type": "config.changed"}
+        elif change.kind == Kind.AGENT_ACCESS and change.node_id is not None:
+            messages[(agent_group(change.node_id), "access")] = {"type": "agent.access"}
     return [(key[0], message) for key, message in messages.items()]
 
 

@@ -15,7 +15,7 @@ from . import agent_work
 from .choices import NodeRole
 from .inventory import hello_gpu
 from .models import AgentCommand, AgentEventReceipt, AgentToken, Gpu, Node
-from .states import refresh_node_state
+from .states import note_on_timeline, refresh_node_state
 
 
 @transaction.atomic
@@ -161,47 +161,148 @@ def hash_token(plaintext):
     return hashlib.sha256(plaintext.encode()).hexdigest()
 
 
-def _new_token(kind, cluster, *, node=None, actor=None, expires_at=None, note=""):
+def _new_token(kind, cluster, **fields):
     prefix = JOIN_TOKEN_PREFIX if kind == AgentToken.Kind.JOIN else NODE_TOKEN_PREFIX
     plaintext = prefix + secrets.token_urlsafe(32)
-    token = AgentToken.objects.create(
-        kind=kind, cluster=cluster, node=node, token_hash=hash_token(plaintext),
-        prefix=plaintext[:12], created_by=actor, expires_at=expires_at, note=note,
-    )
+    token = AgentToken.objects.create(kind=kind, cluster=cluster, token_hash=hash_token(plaintext),
+                                      prefix=plaintext[:12], **fields)
     return token, plaintext
 
 
 @transaction.atomic
-def do_issue_join_token(cluster, *, actor=None, expires_at=None, note="", request=None):
-    """A new join token for the cluster. Returns (token, plaintext); the plaintext is shown once."""
+def do_issue_join_token(cluster, *, actor=None, expires_at=None, single_use=False,
+                        for_node=None, note="", request=None, now=None):
+    """A new join token for the cluster. Returns (token, plaintext); the plaintext is shown once.
+    It expires after CLUSTERUI_JOIN_TOKEN_HOURS unless `expires_at` says otherwise; a
+    single-use one stops at its first join; one `for_node` re-joins only that node."""
+    now = now or timezone.now()
+    expires_at = expires_at or now + timedelta(hours=settings.CLUSTERUI_JOIN_TOKEN_HOURS)
     token, plaintext = _new_token(
-        AgentToken.Kind.JOIN, cluster, actor=actor, expires_at=expires_at, note=note
-    )
-    record_audit(actor, "jointoken.create", token, cluster=cluster, request=request,
-                 changes={"expires_at": expires_at.isoformat() if expires_at else None,
-                          "note": note})
+        AgentToken.Kind.JOIN, cluster, created_by=actor, expires_at=expires_at,
+        single_use=single_use, for_node=for_node, note=note)
+    record_audit(actor, "jointoken.create", token, cluster=cluster, request=request, now=now,
+                 changes={"expires_at": expires_at.isoformat(), "single_use": single_use,
+                          "for_node": for_node.name if for_node else None, "note": note})
     return token, plaintext
 
 
 @transaction.atomic
 def do_revoke_agent_token(token, *, actor=None, request=None, now=None):
+    """Revoke a token; a live connection that uses it is closed (4401) through the change
+    feed."""
     revoked = AgentToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
         revoked_at=now or timezone.now()
     )
     if revoked:
         record_audit(actor, f"{token.kind}token.revoke", token, cluster=token.cluster,
                      request=request)
+        if token.node_id is not None:
+            record_change(Kind.AGENT_ACCESS, cluster_id=token.cluster_id, node_id=token.node_id,
+                          object_id=token.pk, now=now)
     return bool(revoked)
 
 
 @transaction.atomic
 def do_issue_node_token(node, *, now=None):
-    """A fresh node token; the node's earlier tokens stop working (a re-joined node)."""
+    """A fresh node token; the node's earlier tokens stop working (a re-joined node).
+    Returns (token, plaintext)."""
     AgentToken.objects.filter(node=node, revoked_at__isnull=True).update(
         revoked_at=now or timezone.now()
     )
-    _, plaintext = _new_token(AgentToken.Kind.NODE, node.cluster, node=node)
-    return plaintext
+    return _new_token(AgentToken.Kind.NODE, node.cluster, node=node)
+
+
+def use_join_token(token, *, now):
+    """A join token is about to register or re-join a node: a single-use one is spent now.
+    False when another hello spent it first (the caller refuses this one)."""
+    if not token.single_use:
+        return True
+    return AgentToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
+        revoked_at=now) == 1
+
+
+# Re-join (PROTOCOL.md): a join-token hello naming an existing node re-registers it only
+# while the node, or its whole cluster, is open to re-join.
+REJOIN_MAX_HOURS = 72
+REPAIR_OPENER = "repair #{}"  # rejoin_opened_by of a repair's opening, which lasts until it ends
+
+
+def opened_by_a_repair(node):
+    return node.rejoin_opened_by.startswith(REPAIR_OPENER.format(""))
+
+
+def rejoin_opening(node, now):
+    """Why the node is open to re-join now ("opened by alice until 14:05 UTC"), or None."""
+    for opened in (node, node.cluster):
+        if opened.rejoin_open_until is not None and opened.rejoin_open_until > now:
+            what = "" if opened is node else "the whole cluster "
+            return (f"{what}opened by {opened.rejoin_opened_by} until "
+                    f"{opened.rejoin_open_until:%Y-%m-%d %H:%M} UTC")
+    return None
+
+
+@transaction.atomic
+def do_open_rejoin(node, *, by, until, actor=None, request=None, now=None):
+    """Open the node to re-join until `until`; `by` says who (a user name, "repair #12")."""
+    now = now or timezone.now()
+    Node.objects.filter(pk=node.pk).update(rejoin_open_until=until, rejoin_opened_by=by)
+    node.rejoin_open_until, node.rejoin_opened_by = until, by
+    note_on_timeline(node, f"open to re-join until {until:%Y-%m-%d %H:%M} UTC ({by})",
+                     actor=actor, now=now)
+    record_audit(actor, "node.rejoin_open", node, cluster=node.cluster, request=request, now=now,
+                 changes={"until": until.isoformat(), "by": by})
+
+
+@transaction.atomic
+def do_close_rejoin(node, *, actor=None, opened_by=None, reason, request=None, now=None):
+    """Close the node to re-join (only when `opened_by` opened it, if given). True if it was
+    open."""
+    now = now or timezone.now()
+    opened = Node.objects.filter(pk=node.pk, rejoin_open_until__isnull=False)
+    if opened_by is not None:
+        opened = opened.filter(rejoin_opened_by=opened_by)
+    if not opened.update(rejoin_open_until=None, rejoin_opened_by=""):
+        return False
+    node.rejoin_open_until, node.rejoin_opened_by = None, ""
+    note_on_timeline(node, f"closed to re-join: {reason}", actor=actor, now=now)
+    record_audit(actor, "node.rejoin_close", node, cluster=node.cluster, request=request, now=now,
+                 changes={"reason": reason})
+    return True
+
+
+@transaction.atomic
+def do_open_cluster_rejoin(cluster, *, actor, until, request=None, now=None):
+    """Open every node of the cluster to re-join until `until` (a migration)."""
+    type(cluster).objects.filter(pk=cluster.pk).update(
+        rejoin_open_until=until, rejoin_opened_by=actor.get_username())
+    record_audit(actor, "cluster.rejoin_open", cluster, cluster=cluster, request=request, now=now,
+                 changes={"until": until.isoformat()})
+
+
+@transaction.atomic
+def do_close_cluster_rejoin(cluster, *, actor, request=None, now=None):
+    if not type(cluster).objects.filter(pk=cluster.pk, rejoin_open_until__isnull=False).update(
+            rejoin_open_until=None, rejoin_opened_by=""):
+        return False
+    record_audit(actor, "cluster.rejoin_close", cluster, cluster=cluster, request=request, now=now)
+    return True
+
+
+@transaction.atomic
+def do_remove_node(node, *, actor, reason, request=None, now=None):
+    """Remove the node from the console: its tokens stop working, its live connection is
+    closed (4401), and the node and its history go; the audit trail keeps the record. Refused
+    (returns False) while a repair of the node is running: abort it first."""
+    now = now or timezone.now()
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    if node.running_repair:
+        return False
+    AgentToken.objects.filter(node=node, revoked_at__isnull=True).update(revoked_at=now)
+    record_audit(actor, "node.remove", node, cluster=node.cluster, request=request, now=now,
+                 changes={"reason": reason, "state": node.state, "boot_id": node.boot_id})
+    record_change(Kind.AGENT_ACCESS, cluster_id=node.cluster_id, node_id=node.pk, now=now)
+    node.delete()
+    return True
 
 
 def find_usable_token(plaintext, *, now=None):

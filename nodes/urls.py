@@ -20,4 +20,7 @@ urlpatterns = [
     path("<str:name>/role/", views.node_set_role, name="set_role"),
     path("<str:name>/gpus/accept/", views.node_accept_gpu_inventory,
          name="accept_gpu_inventory"),
+    path("<str:name>/rejoin/open/", views.node_rejoin_open, name="rejoin_open"),
+    path("<str:name>/rejoin/close/", views.node_rejoin_close, name="rejoin_close"),
+    path("<str:name>/remove/", views.node_remove, name="remove"),
 ]

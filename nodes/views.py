@@ -27,6 +27,8 @@ from .forms import (
     BulkRoleForm,
     NodeRoleForm,
     PauseNodeForm,
+    RejoinForm,
+    RemoveNodeForm,
 )
 from .live import get_live_store
 from .metrics import render_metrics
@@ -44,9 +46,13 @@ from .services import (
     do_bulk_pause_nodes,
     do_bulk_resume_nodes,
     do_bulk_set_node_role,
+    do_close_rejoin,
+    do_open_rejoin,
     do_pause_node,
+    do_remove_node,
     do_resume_node,
     do_set_node_role,
+    rejoin_opening,
 )
 
 
@@ -70,6 +76,8 @@ def node_detail(request, slug, name):
         "open_events": node.health_events.open().select_related("gpu"),
         "transitions": node.transitions.all()[:50],
         "pause_form": PauseNodeForm(),
+        "rejoin_form": RejoinForm(),
+        "rejoin_opening": rejoin_opening(node, timezone.now()),
         "node_roles": NodeRole.choices,
         "grafana_url": grafana_url(node),
         "run_form": RunCheckForm(cluster=node.cluster),
@@ -153,6 +161,53 @@ def node_accept_gpu_inventory(request, slug, name):
     context = {"cluster": node.cluster, "node": node, "inventory_response": True,
                **gpu_inventory_context(node)}
     return render(request, "nodes/detail.html#gpu-inventory", context)
+
+
+@require_POST
+@require_role(Role.ADMIN)
+def node_rejoin_open(request, slug, name):
+    """For a while, a join token may re-register this node (its machine is reinstalled)."""
+    node = get_node_for_user(request, slug, name)
+    form = RejoinForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"{node.name}: not opened. {' '.join(form.errors['hours'])}")
+        return redirect(node)
+    until = timezone.now() + timedelta(hours=form.cleaned_data["hours"])
+    do_open_rejoin(node, by=request.user.get_username(), until=until, actor=request.user,
+                   request=request)
+    messages.success(request, f"{node.name} is open to re-join until {until:%H:%M} UTC: a join "
+                              f"token may register it once.")
+    return redirect(node)
+
+
+@require_POST
+@require_role(Role.ADMIN)
+def node_rejoin_close(request, slug, name):
+    node = get_node_for_user(request, slug, name)
+    if do_close_rejoin(node, actor=request.user, reason=f"by {request.user.get_username()}",
+                       request=request):
+        messages.success(request, f"{node.name} is closed to re-join.")
+    else:
+        messages.info(request, f"{node.name} was not open to re-join.")
+    return redirect(node)
+
+
+@require_POST
+@require_role(Role.ADMIN)
+def node_remove(request, slug, name):
+    """The node leaves the console: its agent's connection is closed, its tokens revoked,
+    its history deleted (the audit trail keeps the record)."""
+    node = get_node_for_user(request, slug, name)
+    form = RemoveNodeForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, " ".join(form.errors["reason"]))
+        return redirect(node)
+    if not do_remove_node(node, actor=request.user, reason=form.cleaned_data["reason"],
+                          request=request):
+        messages.error(request, f"{node.name} has a repair running: abort it first.")
+        return redirect(node)
+    messages.success(request, f"{node.name} removed.")
+    return redirect("nodes:list", node.cluster.slug)
 
 
 @require_POST

@@ -25,7 +25,8 @@ class RepairSettings(models.Model):
     provider_commands = models.JSONField(
         default=dict, blank=True,
         help_text="{action: shell command} for reprovision, failover and remove, with "
-                  "{node}, {hostname}, {cluster} and {action} placeholders.")
+                  "{node}, {hostname}, {cluster}, {action} and {join_token} placeholders "
+                  "({join_token}: a single-use join token for the node's new machine).")
     blast_radius_pct = models.PositiveSmallIntegerField(
         default=10, validators=[MinValueValidator(1), MaxValueValidator(100)],
         help_text="A repair waits while it would put more than this share of the cluster's "

@@ -1,6 +1,7 @@
 """Providers: what reprovisions, fails over or removes a machine.
 
-    provider.run(action, node_name) -> output          action: reprovision, failover, remove
+    provider.run(action, node_name, join_token=None) -> output
+                                                    action: reprovision, failover, remove
 
 run() starts the action and returns (a command with a time limit, or an API call); the
 repair then waits for the node to come back (a hello with a new boot id). A failure raises
@@ -20,7 +21,8 @@ from django.core.exceptions import ValidationError
 from schedulers import ExecutorError
 
 ACTIONS = ("reprovision", "failover", "remove")
-PLACEHOLDERS = ("node", "hostname", "cluster", "action")
+PLACEHOLDERS = ("node", "hostname", "cluster", "action", "join_token")
+JOIN_TOKEN_SHOWN = "<join token>"  # what output and errors show in its place
 OUTPUT_TAIL_BYTES = 4096
 
 
@@ -39,7 +41,7 @@ class SimulatedProvider:
         self.reboot_node = reboot_node
         self.calls = []
 
-    def run(self, action, node_name):
+    def run(self, action, node_name, join_token=None):
         if action not in ACTIONS:
             raise ExecutorError(f"unknown provider action {action!r}")
         self.calls.append((action, node_name))
@@ -56,8 +58,12 @@ class CommandProvider:
     {"reprovision": "maas admin machine deploy {hostname}", "remove": "..."}.
 
     Placeholders: {node} (the node's name in clusterui), {hostname} (from `hostname_of`,
-    the node's name when none is given), {cluster} and {action}. Every substituted value is
-    shell-quoted, so a node name cannot inject commands. The command runs under /bin/sh in
+    the node's name when none is given), {cluster}, {action}, and {join_token}: for a
+    reprovision or failover, a fresh single-use join token that re-joins only this node
+    while the repair runs (for the new machine's agent: an image needs no long-lived token;
+    empty for remove). Every substituted value is shell-quoted, so a node name cannot
+    inject commands. The output and errors show the command with "<join token>" in the
+    token's place, and the token is masked in what the command printed. The command runs under /bin/sh in
     its own process group with stdin closed; at `timeout_s` the whole group is killed.
     stdout and stderr are kept together, their last 4 KiB in the output and in errors."""
 
@@ -69,7 +75,7 @@ class CommandProvider:
         self.cluster = cluster
         self.hostname_of = hostname_of or (lambda node_name: node_name)
 
-    def run(self, action, node_name):
+    def run(self, action, node_name, join_token=None):
         template = self.commands.get(action, "")
         if not template.strip():
             raise ExecutorError(f"no command configured for {action}")
@@ -77,20 +83,22 @@ class CommandProvider:
             validate_command_template(template)
         except ValidationError as error:
             raise ExecutorError(f"the {action} command is not valid: {error.messages[0]}")
-        command = template.format(
-            node=shlex.quote(node_name),
-            hostname=shlex.quote(self.hostname_of(node_name)),
-            cluster=shlex.quote(self.cluster),
-            action=shlex.quote(action),
-        )
+        values = {"node": node_name, "hostname": self.hostname_of(node_name),
+                  "cluster": self.cluster, "action": action}
+        command = template.format(**{name: shlex.quote(value) for name, value in values.items()},
+                                  join_token=shlex.quote(join_token or ""))
+        shown = template.format(**{name: shlex.quote(value) for name, value in values.items()},
+                                join_token=JOIN_TOKEN_SHOWN)
         returncode, output = run_command(command, self.timeout_s)
+        if join_token:
+            output = output.replace(join_token, JOIN_TOKEN_SHOWN)
         if returncode is None:
             raise ExecutorError(
-                f"$ {command}\ntimed out after {self.timeout_s} s (killed)\n{output}"
+                f"$ {shown}\ntimed out after {self.timeout_s} s (killed)\n{output}"
             )
         if returncode != 0:
-            raise ExecutorError(f"$ {command}\n{describe_exit(returncode)}\n{output}")
-        return f"$ {command}\n{output}"
+            raise ExecutorError(f"$ {shown}\n{describe_exit(returncode)}\n{output}")
+        return f"$ {shown}\n{output}"
 
 
 def run_command(command, timeout_s):

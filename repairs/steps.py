@@ -26,7 +26,13 @@ from healthchecks.inventory import do_accept_gpu_inventory
 from healthchecks.models import CheckRun
 from healthchecks.services import do_request_checks
 from nodes.models import AgentCommand
-from nodes.services import do_pause_node, do_send_command
+from nodes.services import (
+    REPAIR_OPENER,
+    do_issue_join_token,
+    do_open_rejoin,
+    do_pause_node,
+    do_send_command,
+)
 
 from clusterui.services import record_audit
 from schedulers import ExecutorError, RetryLater, scheduler_for
@@ -124,12 +130,29 @@ def act(repair, step, now):
         return Failed(f"the provider's {repair.action} was interrupted (its worker stopped); "
                       f"check the node, then propose the repair again")
     set_details(step, provider_started=now.isoformat())
-    output = provider_for(repair.cluster).run(repair.action, repair.node.name)
+    join_token = None
+    if repair.action in (Action.REPROVISION, Action.FAILOVER):
+        join_token = open_for_rejoin(repair, now)
+    output = provider_for(repair.cluster).run(repair.action, repair.node.name,
+                                              join_token=join_token)
     set_details(step, provider_done=now.isoformat())
     if repair.action == Action.REMOVE:
         do_pause_node(repair.node, actor=None,
                       reason=f"removed from the pool for RMA (repair #{repair.pk})")
     return Done(f"{repair.action} started by the provider", output)
+
+
+def open_for_rejoin(repair, now):
+    """A reprovisioned or replacement machine comes back with a join token: the node is open
+    to re-join until the repair ends (repairs.transitions closes it), and the provider gets
+    a single-use join token that re-joins only this node. Returns its plaintext."""
+    timeout = timedelta(seconds=PROVIDER_TIMEOUT_S + settings_for(repair.cluster).boot_timeout_s)
+    by = REPAIR_OPENER.format(repair.pk)
+    do_open_rejoin(repair.node, by=by, until=now + timeout, now=now)
+    _, plaintext = do_issue_join_token(repair.cluster, single_use=True, for_node=repair.node,
+                                       expires_at=now + timeout, note=f"{by} ({repair.action})",
+                                       now=now)
+    return plaintext
 
 
 def act_reboot(repair, step):

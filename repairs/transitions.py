@@ -13,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from clusterui.services import actor_name
+from nodes.services import REPAIR_OPENER, do_close_rejoin
 from nodes.states import refresh_node_state
 
 from .choices import Status
@@ -67,6 +68,10 @@ def transition(repair, to, *, actor=None, reason="", now=None, **fields):
                                     reason=reason[:500], at=now)
     repair.refresh_from_db()
     announce_repair_change(repair)
+    if current == Status.RUNNING:
+        # A reprovision's or failover's opening to re-join lasts as long as the repair.
+        do_close_rejoin(repair.node, opened_by=REPAIR_OPENER.format(repair.pk), now=now,
+                        reason=f"repair #{repair.pk} {to}")
     if Status.RUNNING in (current, to):
         # A running repair pauses its node (DESIGN.md "Node states"): hand the fact down.
         running = f"repair #{repair.pk} ({repair.action}) is running" if to == Status.RUNNING else ""

@@ -40,7 +40,7 @@ def main():
     with transaction.atomic():
         nodes = [do_register_node(cluster, name) for name in names]
     with transaction.atomic():
-        fleet = [{"node": node.name, "node_id": node.pk, "token": do_issue_node_token(node)}
+        fleet = [{"node": node.name, "node_id": node.pk, "token": do_issue_node_token(node)[1]}
                  for node in nodes]
     Path(args.out).write_text(json.dumps({"cluster_id": cluster.pk, "nodes": fleet}))
     print(f"fleet: {len(fleet)} nodes with node tokens in cluster {cluster.slug} "

@@ -55,6 +55,16 @@ class Audited:
     setup: object = None  # makes the POST a change (a paused node to resume)
 
 
+def open_the_node(world):
+    Node.objects.filter(name=world["name"]).update(
+        rejoin_open_until=timezone.now() + timedelta(hours=1), rejoin_opened_by="ada")
+
+
+def open_the_cluster(world):
+    Cluster.objects.filter(nodes__name=world["name"]).update(
+        rejoin_open_until=timezone.now() + timedelta(hours=1), rejoin_opened_by="ada")
+
+
 def run_the_repair(world):
     """A running repair, the one abort stops, on a cluster without a scheduler (there is no
     drain to lift: resuming its node is the abort's only change)."""
@@ -79,6 +89,12 @@ AUDITED = {
     "nodes:bulk_resume": Audited("node.resume", "nodes.node", setup=pause_the_node),
     "nodes:bulk_check": Audited("checkrun.request", "healthchecks.checkrun"),
     "nodes:set_role": Audited("node.set_role", "nodes.node", before_after=True),
+    "nodes:rejoin_open": Audited("node.rejoin_open", "nodes.node"),
+    "nodes:rejoin_close": Audited("node.rejoin_close", "nodes.node", setup=open_the_node),
+    "nodes:remove": Audited("node.remove", "nodes.node"),
+    "clusterui:cluster_rejoin_open": Audited("cluster.rejoin_open", "clusterui.cluster"),
+    "clusterui:cluster_rejoin_close": Audited("cluster.rejoin_close", "clusterui.cluster",
+                                              setup=open_the_cluster),
     "nodes:bulk_set_role": Audited("node.set_role", "nodes.node", before_after=True),
     "startup:edit": Audited("startupscript.save", "startup.startupscript"),
     "startup:roll_back": Audited("startupscript.rollback", "startup.startupscript"),

@@ -99,7 +99,10 @@ TABLE = {
         data={"name": "prod-h200", "gpus_per_node": 8, "billing_rate_per_gpu_hour": "2.5",
               "scheduler": "none"}),
     "clusterui:join_token_create": Row(get=not_allowed(), post=needs(ADMINISTER, 200),
-                                       data={"note": "rack 12"}),
+                                       data={"note": "rack 12", "expires_in_hours": 24}),
+    "clusterui:cluster_rejoin_open": Row(get=not_allowed(), post=needs(ADMINISTER, 302),
+                                         data={"hours": 2}),
+    "clusterui:cluster_rejoin_close": Row(get=not_allowed(), post=needs(ADMINISTER, 302)),
     "clusterui:join_token_revoke": Row(get=not_allowed(), post=needs(ADMINISTER, 302),
                                        public_id="join_token"),
     "clusterui:kubernetes_access": Row(
@@ -124,6 +127,10 @@ TABLE = {
                             data={"nodes": ["gpu-0001"], "check": "nvml_sanity"}),
     "nodes:set_role": Row(get=not_allowed(), post=needs(ADMINISTER, 302),
                           data={"role": "login"}),
+    "nodes:rejoin_open": Row(get=not_allowed(), post=needs(ADMINISTER, 302), data={"hours": 2}),
+    "nodes:rejoin_close": Row(get=not_allowed(), post=needs(ADMINISTER, 302)),
+    "nodes:remove": Row(get=not_allowed(), post=needs(ADMINISTER, 302),
+                        data={"reason": "decommissioned"}),
     "nodes:bulk_set_role": Row(get=not_allowed(), post=needs(ADMINISTER, 302),
                                data={"nodes": ["gpu-0001"], "role": "login"}),
     # startup scripts (startup/views.py)

@@ -10,7 +10,8 @@ from django.utils import timezone
 from healthchecks.models import CheckRun, HealthEvent
 from healthchecks.services import do_record_check_result, do_record_health_event
 from nodes.choices import NodeState
-from nodes.services import do_record_hello, do_register_node
+from nodes.models import AgentToken
+from nodes.services import do_record_hello, do_register_node, hash_token, rejoin_opening
 from repairs import steps
 from repairs.choices import Status, StepStatus
 from repairs.models import RepairSettings
@@ -189,3 +190,41 @@ def test_a_step_whose_enqueue_was_lost_is_run_by_the_beat(node, operator, enqueu
     assert steps.run_due_steps(now=timezone.now() + timedelta(seconds=30)) == 0
     assert steps.run_due_steps(now=timezone.now() + timedelta(seconds=61)) == 1
     assert enqueued == [repair.steps.get(position=0).pk]
+
+
+def test_a_reprovision_opens_its_node_to_rejoin_and_hands_the_provider_a_token_for_it(
+        node, operator, enqueued, tmp_path, cluster):
+    """The new machine comes back with a join token: the provider's {join_token} is a fresh
+    single-use token that re-joins only this node, shown nowhere, and the node is open to
+    re-join until the repair ends."""
+    RepairSettings.objects.filter(cluster=cluster).update(provider_commands={
+        "reprovision": f"echo {{join_token}} > {tmp_path}/token; echo deploying with "
+                       f"{{join_token}}"})
+    repair = do_approve_repair(
+        do_propose_repair(node, action="reprovision", actor=operator, reason="bad image"),
+        actor=operator)
+    run_next(enqueued)  # drain
+    outcome = run_next(enqueued)
+    plaintext = (tmp_path / "token").read_text().strip()
+    assert plaintext.startswith("cuj_")
+    assert plaintext not in outcome.output and "deploying with <join token>" in outcome.output
+    assert "echo '<join token>'" not in outcome.output and "<join token>" in outcome.output
+    token = AgentToken.objects.get(token_hash=hash_token(plaintext))
+    assert (token.single_use, token.for_node_id, token.kind) == (True, node.pk, "join")
+    node.refresh_from_db()
+    assert rejoin_opening(node, timezone.now()).startswith(f"opened by repair #{repair.pk}")
+
+    repair.refresh_from_db()
+    steps.fail_repair(repair, "given up", timezone.now())
+    node.refresh_from_db()
+    assert node.rejoin_open_until is None and rejoin_opening(node, timezone.now()) is None
+
+
+def test_a_reboot_does_not_open_its_node_to_rejoin(node, operator, enqueued):
+    do_approve_repair(do_propose_repair(node, action="reboot", actor=operator, reason="xid"),
+                      actor=operator)
+    run_next(enqueued)  # drain
+    run_next(enqueued)  # the reboot command
+    node.refresh_from_db()
+    assert node.rejoin_open_until is None
+    assert not AgentToken.objects.filter(kind="join", for_node=node).exists()
