@@ -459,6 +459,16 @@ CLUSTERUI_JOBS_BACKFILL_DAYS = envint("CLUSTERUI_JOBS_BACKFILL_DAYS", 30)
 
 # Node state timing (DESIGN.md "Node states").
 CLUSTERUI_BOOT_WINDOW_S = envint("CLUSTERUI_BOOT_WINDOW_S", 120)
+# PROTOCOL.md's Limits on what one agent connection, and one node, may send: every frame but
+# samples goes through a token bucket (this many a second, bursts of that many); a node has
+# at most so many open events, and stores at most so many new events an hour. Past them a
+# frame is answered rate_limited; a connection that goes on past it for the close time is
+# closed with 4429.
+CLUSTERUI_AGENT_FRAMES_PER_S = envfloat("CLUSTERUI_AGENT_FRAMES_PER_S", 20.0)
+CLUSTERUI_AGENT_FRAME_BURST = envint("CLUSTERUI_AGENT_FRAME_BURST", 200)
+CLUSTERUI_AGENT_OPEN_EVENTS_MAX = envint("CLUSTERUI_AGENT_OPEN_EVENTS_MAX", 1000)
+CLUSTERUI_AGENT_NEW_EVENTS_PER_HOUR = envint("CLUSTERUI_AGENT_NEW_EVENTS_PER_HOUR", 10000)
+CLUSTERUI_AGENT_RATE_LIMIT_CLOSE_S = envfloat("CLUSTERUI_AGENT_RATE_LIMIT_CLOSE_S", 60.0)
 # A join token's life unless its maker picks another (PROTOCOL.md: 24 hours).
 CLUSTERUI_JOIN_TOKEN_HOURS = envint("CLUSTERUI_JOIN_TOKEN_HOURS", 24)
 # Agents send a sample this often (the welcome and config frames tell them).

@@ -8,7 +8,6 @@ nodes.ingest in a worker thread and events to the process's batch writer
 import asyncio
 import json
 import logging
-import random
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +17,7 @@ from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 from redis.exceptions import RedisError
 
@@ -26,6 +26,7 @@ from clusterui.roles import Role, has_role
 from common.groups import agent_group, cluster_group
 
 from . import ingest
+from .admission import FrameBucket, HelloAdmission, NewEventCounts
 from .event_batches import event_writer
 from .live import get_live_store, live_entry
 from .protocol import MAX_FRAME_BYTES, BadFrame, parse_frame
@@ -40,6 +41,7 @@ CLOSE_BAD_TOKEN = 4401
 CLOSE_TOO_MANY_BAD_FRAMES = 4400
 CLOSE_REPLACED = 4409
 CLOSE_TOO_BIG = 1009
+CLOSE_RATE_LIMITED = 4429
 
 # Hellos (and the token check before them) run on threads of their own: after a server
 # restart thousands of agents say hello at once, and on database_sync_to_async's one thread
@@ -48,29 +50,13 @@ HELLO_THREADS = 4
 HELLO_POOL = ThreadPoolExecutor(max_workers=HELLO_THREADS, thread_name_prefix="agent-hello")
 
 
-class HelloAdmission:
-    """How many hellos this process has in hand. Past `limit` (a couple of seconds of work)
-    a hello is answered rate_limited at once: left to queue, it would wait past the agent's
-    welcome timeout, and the work done for it would be lost when the agent gives up."""
-
-    def __init__(self, limit, retry_after_s):
-        self.limit, self.retry_after_s, self.in_hand = limit, retry_after_s, 0
-
-    def admit(self):
-        if self.in_hand >= self.limit:
-            return False
-        self.in_hand += 1
-        return True
-
-    def done(self):
-        self.in_hand -= 1
-
-    def retry_after(self):
-        """Spread over 0.5-1.5 times retry_after_s, so refused agents come back apart."""
-        return round(self.retry_after_s * random.uniform(0.5, 1.5), 1)
-
-
 HELLOS = HelloAdmission(limit=64, retry_after_s=5.0)
+NEW_EVENTS = NewEventCounts()
+# An event is acked once its batch is stored; meanwhile the connection reads on (a burst of
+# events goes into one batch). At most this many of a connection's events wait so.
+EVENTS_IN_FLIGHT = 200
+# Refusals less than this far apart are one stretch of going on past rate_limited (4429).
+RATE_LIMITED_GAP_S = 10.0
 
 
 def on_hello_threads(func):
@@ -107,6 +93,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def connect(self):
         ensure_publisher()
         self.bad_frames = deque()
+        self.frame_bucket = FrameBucket(settings.CLUSTERUI_AGENT_FRAMES_PER_S,
+                                        settings.CLUSTERUI_AGENT_FRAME_BURST)
+        self.limited_since = self.last_limited = None
+        self.events_in_flight = set()  # tasks storing this connection's events
         self.memory_totals = {}
         self.live_store = get_live_store()
         self.token = bearer_token(self.scope)
@@ -248,6 +238,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
         except BadFrame as exc:
             await self.refuse(exc)
             return
+        if frame["type"] != "sample":
+            wait = self.frame_bucket.take()
+            if wait:
+                await self.rate_limit(frame, wait, "more frames than this server takes from "
+                                                   "one connection (samples aside)")
+                return
+            self.limited_since = None
         try:
             await getattr(self, f"on_{frame['type']}")(frame)
         except StopConsumer:
@@ -275,6 +272,26 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def send_frame(self, frame):
         await self.send(text_data=json.dumps(frame))
+
+    async def rate_limit(self, frame, retry_after_s, why):
+        """Answer `frame` rate_limited (PROTOCOL.md); an event is sent again after
+        retry_after_s. A connection that goes on past it for CLUSTERUI_AGENT_RATE_LIMIT_CLOSE_S
+        is closed with 4429."""
+        now = time.monotonic()
+        if self.limited_since is None or now - self.last_limited > RATE_LIMITED_GAP_S:
+            self.limited_since = now
+        self.last_limited = now
+        if now - self.limited_since >= settings.CLUSTERUI_AGENT_RATE_LIMIT_CLOSE_S:
+            logger.warning("agent connection of node %s closed: rate limited for %.0f s",
+                           self.node_id, now - self.limited_since)
+            await self.close_with(CLOSE_RATE_LIMITED)
+            return
+        error = {"type": "error", "code": "rate_limited",
+                 "message": f"{why}: send it again after retry_after_s",
+                 "retry_after_s": round(max(retry_after_s, 0.05), 2)}
+        if frame["type"] == "event":
+            error["retry_id"] = frame["id"]
+        await self.send_frame(error)
 
     async def send_server_error(self, frame):
         """`frame` was not handled (the database or a bug): an event goes again later."""
@@ -358,11 +375,37 @@ class AgentConsumer(AsyncWebsocketConsumer):
             frame, node_id=self.node_id, received_at=time.time(), memory_totals=self.memory_totals))
 
     async def on_event(self, frame):
-        outcome = await event_writer().store(self.node_id, frame)
+        """Handed to the batch writer; the answer goes when its batch is stored, and the
+        connection reads on meanwhile."""
+        if len(self.events_in_flight) >= EVENTS_IN_FLIGHT:
+            await self.rate_limit(frame, 1.0, f"{EVENTS_IN_FLIGHT} of this connection's events "
+                                              f"are being stored")
+            return
+        wait = NEW_EVENTS.take(self.node_id, settings.CLUSTERUI_AGENT_NEW_EVENTS_PER_HOUR)
+        counted = not wait
+        if wait and not await database_sync_to_async(ingest.event_received)(frame["id"]):
+            await self.rate_limit(frame, wait, f"node {self.node_id} sent "
+                                               f"{settings.CLUSTERUI_AGENT_NEW_EVENTS_PER_HOUR} "
+                                               f"new events this hour")
+            return  # (a resend of one stored before is acked again, over the cap or not)
+        task = asyncio.ensure_future(self.store_and_answer(self.node_id, frame, counted))
+        self.events_in_flight.add(task)
+        task.add_done_callback(self.events_in_flight.discard)
+
+    async def store_and_answer(self, node_id, frame, counted):
+        outcome = await event_writer().store(node_id, frame)
+        if counted and outcome is not ingest.EventOutcome.STORED:
+            NEW_EVENTS.give_back(node_id)  # a resend, or not stored: not a new event
+        if self.closed:
+            return  # not acked: the agent sends it again, and it is acked then
         if outcome is ingest.EventOutcome.FAILED:
             await self.send_server_error(frame)
-            return
-        await self.send_frame({"type": "ack", "ids": [frame["id"]]})
+        elif outcome is ingest.EventOutcome.OPEN_EVENTS_FULL:
+            await self.rate_limit(frame, 60.0, f"node {node_id} has "
+                                               f"{settings.CLUSTERUI_AGENT_OPEN_EVENTS_MAX} open "
+                                               f"events")
+        else:
+            await self.send_frame({"type": "ack", "ids": [frame["id"]]})
 
     async def on_check_result(self, frame):
         if not await database_sync_to_async(ingest.record_check_result)(self.node_id, frame):

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Count
 from django.utils import timezone
 
 from clusterui.services import record_audit
 from healthchecks.catalog import policy_for, xid_code
 from healthchecks.inventory import do_judge_inventory
+from healthchecks.models import HealthEvent
 from healthchecks.services import (
     CHECK_RUNS,
     Signal,
@@ -162,6 +164,7 @@ class EventOutcome(enum.Enum):
     STORED = "stored"
     DUPLICATE = "duplicate"  # received before: acked again, not stored twice
     FAILED = "failed"  # not stored (the database or a bug): the agent sends it again
+    OPEN_EVENTS_FULL = "open_events_full"  # it would open one more event than a node may have
 
 
 def ingest_events(items, now=None):
@@ -223,14 +226,19 @@ def _ingest(items, now):
     named = {frame["gpu_uuid"] for _, frame in items if frame.get("gpu_uuid")}
     gpus = {(gpu.node_id, gpu.uuid): gpu for gpu in Gpu.objects.filter(
         node_id__in=nodes, uuid__in=named).only("node_id", "uuid", "name")}
+    full = _nodes_with_open_events_full(nodes)
     signals, stored = [], []
     outcomes = [EventOutcome.DUPLICATE] * len(items)
     for index, ((node_id, frame), event_id) in enumerate(zip(items, event_ids)):
         if event_id in received:
             continue
-        received.add(event_id)  # the same id twice in one batch: the second is a duplicate
         gpu_uuid = frame.get("gpu_uuid")
         gpu = gpus.get((node_id, gpu_uuid)) if gpu_uuid else None
+        if (node_id in full and frame.get("state") != "cleared"
+                and (gpu.pk if gpu else None, frame["signature"]) not in full[node_id]):
+            outcomes[index] = EventOutcome.OPEN_EVENTS_FULL
+            continue
+        received.add(event_id)  # the same id twice in one batch: the second is a duplicate
         if frame.get("state") == "cleared":
             signal = Signal(node=nodes[node_id], signature=frame["signature"], gpu=gpu,
                             cleared=True, cleared_reason="cleared by the agent")
@@ -251,6 +259,26 @@ def _ingest(items, now):
     if len(insert_receipts(receipts, now)) < len(receipts):
         raise _ReceivedElsewhere()
     return outcomes
+
+
+def _nodes_with_open_events_full(node_ids):
+    """{node_id: its open (gpu_id, signature)} of each node at CLUSTERUI_AGENT_OPEN_EVENTS_MAX
+    open events: a repeat or a clear of those is taken, a new signature is not. (Checked once
+    a batch: one batch may take a node past the cap.)"""
+    cap = settings.CLUSTERUI_AGENT_OPEN_EVENTS_MAX
+    open_events = HealthEvent.objects.open().filter(node_id__in=node_ids)
+    full = list(open_events.values("node_id").annotate(count=Count("id"))
+                .filter(count__gte=cap).values_list("node_id", flat=True))
+    keys = {node_id: set() for node_id in full}
+    for node_id, gpu_id, signature in open_events.filter(node_id__in=full).values_list(
+            "node_id", "gpu_id", "signature"):
+        keys[node_id].add((gpu_id, signature))
+    return keys
+
+
+def event_received(event_id):
+    """Whether an event of this id was stored before (a resend)."""
+    return AgentEventReceipt.objects.filter(event_id=uuid.UUID(event_id)).exists()
 
 
 def insert_receipts(receipts, now):
