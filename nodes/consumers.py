@@ -29,7 +29,7 @@ from . import ingest
 from .admission import FrameBucket, HelloAdmission, NewEventCounts
 from .event_batches import event_writer
 from .live import get_live_store, live_entry
-from .protocol import MAX_FRAME_BYTES, BadFrame, parse_frame
+from .protocol import MAX_FRAME_BYTES, BadFrame, frame_kind, parse_frame
 from .publisher import ensure_publisher
 
 logger = logging.getLogger(__name__)
@@ -231,6 +231,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if size > MAX_FRAME_BYTES:
             await self.close_with(CLOSE_TOO_BIG)
             return
+        # The bucket first, on a quick read: a flood is refused without being read exactly.
+        kind, event_id = frame_kind(data)
+        if kind not in (None, "sample"):
+            wait = self.frame_bucket.take()
+            if wait:
+                await self.rate_limit(kind, event_id, wait, "more frames than this server "
+                                                            "takes from one connection "
+                                                            "(samples aside)")
+                return
         try:
             frame = parse_frame(data)
             if self.node_id is None and frame["type"] != "hello":
@@ -238,13 +247,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
         except BadFrame as exc:
             await self.refuse(exc)
             return
-        if frame["type"] != "sample":
-            wait = self.frame_bucket.take()
-            if wait:
-                await self.rate_limit(frame, wait, "more frames than this server takes from "
-                                                   "one connection (samples aside)")
-                return
-            self.limited_since = None
         try:
             await getattr(self, f"on_{frame['type']}")(frame)
         except StopConsumer:
@@ -273,10 +275,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def send_frame(self, frame):
         await self.send(text_data=json.dumps(frame))
 
-    async def rate_limit(self, frame, retry_after_s, why):
-        """Answer `frame` rate_limited (PROTOCOL.md); an event is sent again after
-        retry_after_s. A connection that goes on past it for CLUSTERUI_AGENT_RATE_LIMIT_CLOSE_S
-        is closed with 4429."""
+    async def rate_limit(self, kind, event_id, retry_after_s, why):
+        """Answer a frame rate_limited (PROTOCOL.md); an event (`event_id`) is sent again
+        after retry_after_s. A connection that goes on past it (refusals less than
+        RATE_LIMITED_GAP_S apart) for CLUSTERUI_AGENT_RATE_LIMIT_CLOSE_S is closed with 4429."""
         now = time.monotonic()
         if self.limited_since is None or now - self.last_limited > RATE_LIMITED_GAP_S:
             self.limited_since = now
@@ -289,8 +291,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
         error = {"type": "error", "code": "rate_limited",
                  "message": f"{why}: send it again after retry_after_s",
                  "retry_after_s": round(max(retry_after_s, 0.05), 2)}
-        if frame["type"] == "event":
-            error["retry_id"] = frame["id"]
+        if event_id is not None:
+            error["retry_id"] = event_id
         await self.send_frame(error)
 
     async def send_server_error(self, frame):
@@ -378,15 +380,17 @@ class AgentConsumer(AsyncWebsocketConsumer):
         """Handed to the batch writer; the answer goes when its batch is stored, and the
         connection reads on meanwhile."""
         if len(self.events_in_flight) >= EVENTS_IN_FLIGHT:
-            await self.rate_limit(frame, 1.0, f"{EVENTS_IN_FLIGHT} of this connection's events "
-                                              f"are being stored")
+            await self.rate_limit("event", frame["id"], 1.0, f"{EVENTS_IN_FLIGHT} of this "
+                                                             f"connection's events are being "
+                                                             f"stored")
             return
         wait = NEW_EVENTS.take(self.node_id, settings.CLUSTERUI_AGENT_NEW_EVENTS_PER_HOUR)
         counted = not wait
         if wait and not await database_sync_to_async(ingest.event_received)(frame["id"]):
-            await self.rate_limit(frame, wait, f"node {self.node_id} sent "
-                                               f"{settings.CLUSTERUI_AGENT_NEW_EVENTS_PER_HOUR} "
-                                               f"new events this hour")
+            await self.rate_limit("event", frame["id"], wait,
+                                  f"node {self.node_id} sent "
+                                  f"{settings.CLUSTERUI_AGENT_NEW_EVENTS_PER_HOUR} new events "
+                                  f"this hour")
             return  # (a resend of one stored before is acked again, over the cap or not)
         task = asyncio.ensure_future(self.store_and_answer(self.node_id, frame, counted))
         self.events_in_flight.add(task)
@@ -401,9 +405,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if outcome is ingest.EventOutcome.FAILED:
             await self.send_server_error(frame)
         elif outcome is ingest.EventOutcome.OPEN_EVENTS_FULL:
-            await self.rate_limit(frame, 60.0, f"node {node_id} has "
-                                               f"{settings.CLUSTERUI_AGENT_OPEN_EVENTS_MAX} open "
-                                               f"events")
+            await self.rate_limit("event", frame["id"], 60.0,
+                                  f"node {node_id} has "
+                                  f"{settings.CLUSTERUI_AGENT_OPEN_EVENTS_MAX} open events")
         else:
             await self.send_frame({"type": "ack", "ids": [frame["id"]]})
 

@@ -359,6 +359,22 @@ def _fast_sample(text):
     return None
 
 
+def frame_kind(text):
+    """(type, event id) of a frame as far as a quick read tells, for the rate limits to refuse
+    a frame without reading it exactly; (None, None) when it does not read as an object.
+    The event id is None unless it is a UUID string as PROTOCOL.md has them."""
+    if not isinstance(text, str):
+        return None, None
+    try:
+        frame = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None, None
+    if type(frame) is not dict or type(frame.get("type")) is not str:
+        return None, None
+    event_id = frame.get("id") if frame["type"] == "event" else None
+    return frame["type"], event_id if _event_id(event_id) is None else None
+
+
 def parse_frame(text):
     """A validated frame dict from one WebSocket text message, or BadFrame."""
     if isinstance(text, (bytes, bytearray)):

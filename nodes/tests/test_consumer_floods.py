@@ -69,10 +69,13 @@ async def test_a_connection_that_goes_on_past_rate_limited_is_closed_4429(join_t
         await asyncio.sleep(0.05)
 
 
-async def test_an_agent_that_waits_its_turn_is_never_closed(join_token, settings):
+async def test_an_agent_that_waits_its_turn_is_not_closed(join_token, settings, monkeypatch):
+    """Bursts refused in part, each waited out: every stretch of refusals is short, and ends
+    (RATE_LIMITED_GAP_S without one), so none goes on for the close time."""
     settings.CLUSTERUI_AGENT_FRAMES_PER_S = 10.0
     settings.CLUSTERUI_AGENT_FRAME_BURST = 2
     settings.CLUSTERUI_AGENT_RATE_LIMIT_CLOSE_S = 0.5
+    monkeypatch.setattr(consumers, "RATE_LIMITED_GAP_S", 0.2)
     agent, _ = await join(join_token)
     refused = 0
     for _ in range(4):  # 1.2 s or more: past the close time, were it going on
