@@ -57,6 +57,9 @@ def make_parser():
         "--state-dir", help="node token and event outbox (default /var/lib/clusterui-agent)"
     )
     parser.add_argument("--node-name", help="this node's name (default: the short hostname)")
+    parser.add_argument("--outbox-max-mb", type=float, metavar="MB",
+                        help="the event outbox's size on disk; past it the oldest info events "
+                             "go first (default 64)")
     parser.add_argument(
         "--sample-interval",
         type=float,
@@ -208,7 +211,8 @@ def run_agent(config, backend, boot_id, tls=None):
             f"{TOKEN_ENVIRONMENT}; {config.state_dir} holds no node token yet"
         )
 
-    outbox = Outbox(os.path.join(config.state_dir, OUTBOX_FILE))
+    outbox = Outbox(os.path.join(config.state_dir, OUTBOX_FILE),
+                    max_bytes=int(config.outbox_max_mb * 2**20))
     watchers = make_watchers(config, backend)
     client = AgentClient(
         server_url=config.server,

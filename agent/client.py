@@ -43,6 +43,11 @@ RETRY_AFTER_DEFAULT_S = 5.0
 RETRY_AFTER_MIN_S = 0.1
 RETRY_AFTER_MAX_S = 300.0
 RECEIVE_MAX_BYTES = 16 * 1024 * 1024  # a config frame carries startup script bodies
+# After a reconnect the outbox goes out at this pace (a burst, then so many a second): under
+# the server's rate limit (PROTOCOL.md: 20 a second, bursts of 200), with room left for the
+# node's new events.
+RESEND_BURST = 100
+RESEND_PER_S = 10.0
 
 
 def backoff_ceiling(attempt, base_s=BACKOFF_BASE_S, cap_s=BACKOFF_CAP_S):
@@ -187,7 +192,11 @@ class AgentClient:
         except protocol.FrameError as exc:
             log.error("event %s cannot be sent, dropped: %s", event.get("signature"), exc)
             return
-        self._outbox.add(event)
+        dropped = self._outbox.add(event)
+        if dropped:
+            log.warning("the outbox is full (%d MB): %d older events dropped to make room "
+                        "(the next hello tells the server)",
+                        self._outbox.max_bytes // 2**20, dropped)
         log.info("event %s %s on %s", event["signature"], event["state"], event["gpu_uuid"])
         ws = self._ws
         if ws is not None:
@@ -265,8 +274,10 @@ class AgentClient:
 
     async def _serve(self, ws):
         """hello, welcome, resend the outbox, then answer the server until it closes."""
+        resending = None
         gpus = self._backend.gpus()
         slurm = await asyncio.to_thread(self._read_slurm, self.node_name)
+        dropped = self._outbox.dropped()
         hello = protocol.hello_frame(
             node=self.node_name,
             boot_id=self.boot_id,
@@ -275,6 +286,7 @@ class AgentClient:
             cuda_version=self._backend.cuda_version,
             gpus=gpus,
             slurm=slurm,
+            outbox_dropped=dropped,
         )
         try:
             await ws.send(protocol.encode(hello))
@@ -302,6 +314,8 @@ class AgentClient:
             except TimeoutError:
                 log.error("the server sent no welcome within %.0f s", WELCOME_TIMEOUT_S)
                 return
+            if dropped:
+                self._outbox.told(dropped)
 
             # Take the outbox and go live with no await in between: an event added
             # from here on is sent by emit(), one added before is in `pending`.
@@ -316,8 +330,7 @@ class AgentClient:
                 len(gpus),
                 len(pending),
             )
-            for event in pending:
-                await self._send(ws, event)
+            resending = asyncio.ensure_future(self._resend_paced(ws, pending))
             results, self._unsent_results = self._unsent_results, []
             for result in results:
                 await self._send(ws, result)
@@ -331,6 +344,17 @@ class AgentClient:
             pass
         finally:
             self._ws = None
+            if resending is not None:
+                resending.cancel()
+
+    async def _resend_paced(self, ws, pending):
+        """The outbox as it was at the welcome, oldest first: RESEND_BURST at once, then
+        RESEND_PER_S; an event acked meanwhile (a resend answered) is skipped."""
+        for number, event in enumerate(pending):
+            if number >= RESEND_BURST:
+                await asyncio.sleep(1 / RESEND_PER_S)
+            if self._outbox.get(event["id"]) is not None:
+                await self._send(ws, event)
 
     def _log_close(self, code, reason, kind):
         why = f"close {code}" + (f" {reason!r}" if reason else "")

@@ -36,6 +36,7 @@ from agent.inject import Fault, InjectSpecError, check_gpu_indexes, parse_inject
 
 DEFAULT_STATE_DIR = "/var/lib/clusterui-agent"
 DEFAULT_SAMPLE_INTERVAL_S = 1.0
+DEFAULT_OUTBOX_MAX_MB = 64
 DEFAULT_SIMULATED_GPUS = 8
 MIN_SAMPLE_INTERVAL_S = 0.05
 MAX_SAMPLE_INTERVAL_S = 3600.0
@@ -51,6 +52,7 @@ FILE_KEYS = {
     "token_file": ((str,), "a string"),
     "ca_file": ((str,), "a string"),
     "insecure": ((bool,), "true or false"),
+    "outbox_max_mb": ((int, float), "a number"),
     "state_dir": ((str,), "a string"),
     "node_name": ((str,), "a string"),
     "sample_interval": ((int, float), "a number"),
@@ -125,6 +127,7 @@ class Config:
     token: str | None = None  # the join token (a stored node token wins over it)
     ca_file: str | None = None
     insecure: bool = False
+    outbox_max_mb: float = DEFAULT_OUTBOX_MAX_MB
     state_dir: str = DEFAULT_STATE_DIR
     node_name: str = ""
     sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S
@@ -169,6 +172,7 @@ def build_config(options, file_values=None, environ=os.environ):
         token=read_join_token(values.get("token_file"), values.get("token"), environ),
         ca_file=values.get("ca_file"),
         insecure=bool(values.get("insecure", False)),
+        outbox_max_mb=float(values.get("outbox_max_mb", DEFAULT_OUTBOX_MAX_MB)),
         state_dir=values.get("state_dir", DEFAULT_STATE_DIR),
         node_name=values.get("node_name") or host.short_hostname(),
         sample_interval_s=float(values.get("sample_interval", DEFAULT_SAMPLE_INTERVAL_S)),
@@ -187,6 +191,8 @@ def build_config(options, file_values=None, environ=os.environ):
             f"node name {config.node_name!r} is not 1-63 letters, digits, '-', '_' or '.' "
             "starting with a letter or digit"
         )
+    if not 1 <= config.outbox_max_mb <= 100_000:
+        raise ConfigError(f"outbox max {config.outbox_max_mb:g} MB: 1 to 100,000 MB")
     if not MIN_SAMPLE_INTERVAL_S <= config.sample_interval_s <= MAX_SAMPLE_INTERVAL_S:
         raise ConfigError(
             f"sample interval {config.sample_interval_s:g} s is outside "

@@ -49,10 +49,12 @@ def encode(frame):
     return text
 
 
-def hello_frame(*, node, boot_id, agent_version, driver_version, cuda_version, gpus, slurm):
+def hello_frame(*, node, boot_id, agent_version, driver_version, cuda_version, gpus, slurm,
+                outbox_dropped=0):
     """gpus: [{index, uuid, name, pci_bus_id, memory_total_bytes}]; slurm: None or
-    {"state", "reason"}."""
-    return {
+    {"state", "reason"}; outbox_dropped: events the full outbox dropped since the server was
+    last told (sent only when there are some)."""
+    frame = {
         "type": "hello",
         "node": node,
         "boot_id": boot_id,
@@ -63,6 +65,9 @@ def hello_frame(*, node, boot_id, agent_version, driver_version, cuda_version, g
         "slurm": slurm if slurm is None else {
             **slurm, "reason": truncated(slurm.get("reason"), SLURM_REASON_LIMIT)},
     }
+    if outbox_dropped:
+        frame["outbox_dropped"] = outbox_dropped
+    return frame
 
 
 def sample_frame(*, seq, gpus, node, ts=None):

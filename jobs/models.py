@@ -64,6 +64,9 @@ class ImportCursor(models.Model):
     last_success_at = models.DateTimeField(null=True, blank=True)
     last_attempt_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
+    last_warnings = models.JSONField(
+        default=list, blank=True, help_text="the first sacct lines the last import could not read")
+    last_warning_count = models.PositiveIntegerField(default=0)
 
     def __str__(self):
         return f"job import of {self.cluster}"

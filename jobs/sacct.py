@@ -2,7 +2,11 @@
 output into SacctJob records.
 
     run_sacct(slurm_conf, since, until)   # text; ExecutorError on failure or timeout
-    parse_sacct(text)                     # [SacctJob(job_id="41", gpus=2, ...)]
+    parse_sacct(text)                     # ([SacctJob(job_id="41", gpus=2, ...)], warnings)
+
+A line parse_sacct cannot read is a warning ("line 7: ...: the line"), and the rest is read:
+one odd job (a name sacct printed with a newline in it, a host list it cannot expand) must
+not stop a cluster's accounting.
 """
 
 import os
@@ -65,26 +69,46 @@ def run_sacct(slurm_conf, since, until, timeout_s=SACCT_TIMEOUT_S):
     return result.stdout
 
 
+# The widths of the Job columns the fields go to (jobs.models.Job): a longer job id is a
+# warning, longer text is cut.
+JOB_ID_MAX = 64
+TEXT_MAX = {"name": 255, "user": 64, "account": 64, "partition": 64, "state": 64,
+            "exit_code": 16}
+WARNING_LINE_MAX = 300
+
+
 def parse_sacct(text):
-    """SacctJob records from `sacct -P -n --format=<SACCT_FIELDS>` output."""
-    jobs = []
-    for line in text.splitlines():
+    """(SacctJob records, warnings) from `sacct -P -n --format=<SACCT_FIELDS>` output."""
+    jobs, warnings = [], []
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        # The job name may itself hold "|": the id is first, the other ten fields last.
-        job_id, rest = line.split("|", 1)
-        parts = rest.rsplit("|", len(SACCT_FIELDS) - 2)
-        if len(parts) != len(SACCT_FIELDS) - 1:
-            raise ValueError(f"sacct line with {len(parts) + 1} fields: {line!r}")
-        name, user, account, partition, node_list, tres, start, end, state, exit_code, elapsed = parts
-        node_list = "" if node_list == "None assigned" else node_list
-        jobs.append(SacctJob(
-            job_id=job_id, name=name, user=user, account=account, partition=partition,
-            node_list=node_list, nodes=tuple(expand_hostlist(node_list)),
-            gpus=gpus_from_tres(tres), start=parse_time(start), end=parse_time(end),
-            state=state, exit_code=exit_code, elapsed_s=parse_elapsed(elapsed),
-        ))
-    return jobs
+        try:
+            jobs.append(parse_sacct_line(line))
+        except ValueError as exc:
+            shown = line if len(line) <= WARNING_LINE_MAX else line[:WARNING_LINE_MAX] + "…"
+            warnings.append(f"line {number}: {exc}: {shown}")
+    return jobs, warnings
+
+
+def parse_sacct_line(line):
+    # The job name may itself hold "|": the id is first, the other ten fields last.
+    job_id, _, rest = line.partition("|")
+    parts = rest.rsplit("|", len(SACCT_FIELDS) - 2)
+    if len(parts) != len(SACCT_FIELDS) - 1:
+        raise ValueError(f"{line.count('|') + 1} fields, not {len(SACCT_FIELDS)}")
+    if not job_id or len(job_id) > JOB_ID_MAX:
+        raise ValueError(f"a job id of {len(job_id)} characters")
+    name, user, account, partition, node_list, tres, start, end, state, exit_code, elapsed = parts
+    node_list = "" if node_list == "None assigned" else node_list
+    text = {"name": name, "user": user, "account": account, "partition": partition,
+            "state": state, "exit_code": exit_code}
+    return SacctJob(
+        job_id=job_id, **{field: value[:TEXT_MAX[field]] for field, value in text.items()},
+        node_list=node_list, nodes=tuple(expand_hostlist(node_list)),
+        gpus=gpus_from_tres(tres), start=parse_time(start), end=parse_time(end),
+        elapsed_s=parse_elapsed(elapsed),
+    )
 
 
 def parse_time(text):
@@ -100,7 +124,11 @@ def parse_elapsed(text):
     days, _, clock = text.strip().rpartition("-")
     seconds = 0
     for part in clock.split(":"):
+        if not (part.isascii() and part.isdigit()):
+            raise ValueError(f"cannot read the elapsed time {text!r}")
         seconds = seconds * 60 + int(part)
+    if days and not (days.isascii() and days.isdigit()):
+        raise ValueError(f"cannot read the elapsed time {text!r}")
     return (int(days) if days else 0) * 86400 + seconds
 
 
@@ -122,6 +150,8 @@ def expand_hostlist(text):
         else:
             for item in ranges.split(","):
                 low, _, high = item.partition("-")
+                if not all(part.isascii() and part.isdigit() for part in (low, high or low)):
+                    raise ValueError(f"cannot read the host list {text!r}")
                 width = len(low)
                 for number in range(int(low), int(high or low) + 1):
                     names.append(f"{prefix}{number:0{width}d}{suffix}")

@@ -30,12 +30,14 @@ logger = logging.getLogger(__name__)
 # slurmdbd after it. Re-reading this much before the cursor costs nothing (idempotent).
 OVERLAP = timedelta(minutes=10)
 CHUNK = 500
+MAX_WARNINGS = 20  # kept for the Jobs page, of each import
 
 
 @dataclass(frozen=True)
 class ImportResult:
     created: int = 0
     updated: int = 0
+    warnings: int = 0  # sacct lines not read (ImportCursor.last_warnings shows them)
     error: str = ""
 
 
@@ -63,8 +65,8 @@ def do_import_jobs(cluster, *, slurm_conf=None, now=None):
     cursor, _ = ImportCursor.objects.get_or_create(cluster=cluster)
     since, until = import_window(cluster, cursor, now)
     try:
-        jobs = parse_sacct(run_sacct(slurm_conf, since, until))
-    except (ExecutorError, ValueError) as exc:
+        jobs, warnings = parse_sacct(run_sacct(slurm_conf, since, until))
+    except ExecutorError as exc:
         logger.warning("job import of %s failed: %s", cluster.slug, exc)
         ImportCursor.objects.filter(pk=cursor.pk).update(
             last_attempt_at=now, last_error=str(exc)[:2000])
@@ -72,12 +74,16 @@ def do_import_jobs(cluster, *, slurm_conf=None, now=None):
     with transaction.atomic():
         created, updated = store_jobs(cluster, jobs, now)
         ImportCursor.objects.filter(pk=cursor.pk).update(
-            last_attempt_at=now, last_success_at=now, last_error="")
+            last_attempt_at=now, last_success_at=now, last_error="",
+            last_warnings=warnings[:MAX_WARNINGS], last_warning_count=len(warnings))
         # Only forward: a slower import that started earlier must not move it back.
         ImportCursor.objects.filter(pk=cursor.pk).filter(
             Q(imported_until__isnull=True) | Q(imported_until__lt=until)).update(
             imported_until=until)
-    return ImportResult(created=created, updated=updated)
+    if warnings:
+        logger.warning("job import of %s: %d sacct lines not read, the first: %s",
+                       cluster.slug, len(warnings), warnings[0])
+    return ImportResult(created=created, updated=updated, warnings=len(warnings))
 
 
 def store_jobs(cluster, sacct_jobs, now):

@@ -23,6 +23,7 @@ from healthchecks.services import (
     CHECK_RUNS,
     Signal,
     do_record_check_result,
+    do_record_health_event,
     do_record_signals,
     start_checks_after_hello,
 )
@@ -114,6 +115,13 @@ def accept_hello(grant, frame, now=None):
     do_record_hello(node, boot_id=frame["boot_id"], agent_version=frame["agent_version"],
                     gpus=frame["gpus"], slurm=frame.get("slurm"), now=now)
     do_judge_inventory(node, now=now)
+    if frame.get("outbox_dropped"):
+        dropped = frame["outbox_dropped"]
+        do_record_health_event(
+            node, signature=OUTBOX_DROPPED_SIGNATURE, severity="info", count=dropped,
+            message=f"the agent's outbox was full: it dropped {dropped} unsent event"
+                    f"{'s' if dropped != 1 else ''} (the oldest info events first)",
+            evidence={"dropped": dropped}, now=now)
     start_checks_after_hello(node, rebooted=rebooted, now=now)
     do_hold_for_boot_scripts(node, rebooted=rebooted, now=now)
     return HelloOutcome(node_id=node.pk, cluster_id=node.cluster_id, node_token=node_token,
@@ -150,6 +158,10 @@ def _join(token, frame, now):
         # An admin's opening is for one re-join; a repair's lasts until the repair ends.
         do_close_rejoin(node, reason="re-joined", now=now)
     return node, None
+
+
+# A hello's outbox_dropped: events the agent had to drop, lost to the console.
+OUTBOX_DROPPED_SIGNATURE = "agent_outbox_full"
 
 
 def severity_of(frame, gpu):

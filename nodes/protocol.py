@@ -181,6 +181,7 @@ FRAMES = {
         "cuda_version": (_text(32), False),
         "gpus": ([HELLO_GPU], True),
         "slurm": (SLURM, False),
+        "outbox_dropped": (_integer_in(0, INT64_MAX), False),
     },
     "sample": {
         "seq": (_integer, True),

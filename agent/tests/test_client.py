@@ -29,6 +29,7 @@ def make_client(server, state_dir, *, join_token="join-1", inject="", **options)
     after at most 0.05 s."""
     faults = parse_inject(inject) if inject else ()
     settings = dict(sample_interval_s=0.05, backoff_base_s=0.01, backoff_cap_s=0.05)
+    outbox_max_bytes = options.pop("outbox_max_bytes", 64 * 2**20)
     settings.update(options)
     backend = SimulatedBackend(NODE, gpu_count=2, faults=faults)
     return AgentClient(
@@ -41,7 +42,7 @@ def make_client(server, state_dir, *, join_token="join-1", inject="", **options)
         backend=backend,
         watchers=make_watchers(Config(node_name=NODE), backend),
         node_metrics=NodeMetrics(),
-        outbox=Outbox(state_dir / "outbox.sqlite3"),
+        outbox=Outbox(state_dir / "outbox.sqlite3", max_bytes=outbox_max_bytes),
         **settings,
     )
 
@@ -458,3 +459,54 @@ def test_an_event_the_server_could_not_store_is_sent_again_after_retry_after_s(t
     sent = asyncio.run(scenario())
 
     assert len(sent) == 3 and len(set(sent)) == 1  # refused twice, acked the third time
+
+
+def test_the_hello_tells_the_server_what_a_full_outbox_dropped_then_the_count_restarts(
+        tmp_path):
+    outbox = Outbox(tmp_path / "outbox.sqlite3", max_bytes=600)
+    for _ in range(4):  # about 300 bytes each: two are dropped
+        outbox.add(event_frame(signature="xid:79", severity="info", message="m" * 50))
+    dropped = outbox.dropped()
+    assert dropped == 2
+    outbox.close()
+
+    async def scenario():
+        async with FakeServer() as server:
+            server.ack_events = False
+            async with running(make_client(server, tmp_path,
+                                           outbox_max_bytes=600)) as client:
+                await until(lambda: server.connections and server.connections[0].welcomed)
+                left = client._outbox.dropped()
+                await server.connections[0].ws.close(1001, "server restart")
+                await until(lambda: len(server.connections) == 2
+                            and server.connections[1].welcomed)
+                return server.connections, left
+
+    (first, second), left = asyncio.run(scenario())
+    assert first.of_type("hello")[0]["outbox_dropped"] == 2
+    assert left == 0 and "outbox_dropped" not in second.of_type("hello")[0]
+
+
+def test_after_a_reconnect_the_outbox_goes_out_paced_and_all_of_it(tmp_path, monkeypatch):
+    monkeypatch.setattr("agent.client.RESEND_BURST", 5)
+    monkeypatch.setattr("agent.client.RESEND_PER_S", 200.0)
+    outbox = Outbox(tmp_path / "outbox.sqlite3")
+    events = [event_frame(signature="xid:79", severity="critical", message=str(i))
+              for i in range(30)]
+    for event in events:
+        outbox.add(event)
+    outbox.close()
+
+    async def scenario():
+        async with FakeServer() as server:
+            async with running(make_client(server, tmp_path)):
+                await until(lambda: server.connections
+                            and len(server.connections[0].of_type("event")) == 30)
+                return server.connections[0]
+
+    connection = asyncio.run(scenario())
+    assert [e["id"] for e in connection.of_type("event")] == [e["id"] for e in events]
+    # It answered the server meanwhile: samples went out while the outbox was resent.
+    frames = [f["type"] for f in connection.frames]
+    first, last = frames.index("event"), len(frames) - 1 - frames[::-1].index("event")
+    assert "sample" in frames[first:last]

@@ -1,3 +1,6 @@
+import json
+import sqlite3
+
 from agent.outbox import Outbox
 from agent.protocol import event_frame
 
@@ -73,3 +76,63 @@ def test_adding_the_same_event_twice_keeps_one(tmp_path):
     outbox.add(event)
 
     assert outbox.pending() == [event]
+
+
+def frame_size(event):
+    return len(json.dumps(event))
+
+
+def test_a_full_outbox_drops_the_oldest_info_events_first_then_the_oldest(tmp_path):
+    # All of one size: "info" and a message longer by what "critical" is longer.
+    info = [event_frame(signature="xid:79", severity="info", message="test" + "....",
+                        gpu_uuid="GPU-1") for _ in range(3)]
+    warnings = [make_event() for _ in range(3)]
+    newer = [make_event() for _ in range(4)]
+    for event in info + warnings + newer:
+        event["ts"] = 1764442000.5  # the same length in every frame
+    assert len({frame_size(e) for e in info + warnings + newer}) == 1
+    size = max(map(frame_size, info + warnings))
+    outbox = Outbox(tmp_path / "outbox.sqlite3", max_bytes=6 * size)
+    for event in [warnings[0], info[0], warnings[1], info[1], warnings[2], info[2]]:
+        assert outbox.add(event) == 0
+    assert [outbox.add(event) for event in newer] == [1, 1, 1, 1]
+    kept = [event["id"] for event in outbox.pending()]
+    # The three info events went first, then the oldest warning.
+    assert kept == [warnings[1]["id"], warnings[2]["id"], *(e["id"] for e in newer)]
+    assert outbox.dropped() == 4
+
+
+def test_the_dropped_count_survives_a_restart_and_starts_again_once_told(tmp_path):
+    path = tmp_path / "outbox.sqlite3"
+    event = make_event()
+    outbox = Outbox(path, max_bytes=frame_size(event) + 10)
+    outbox.add(event)
+    outbox.add(make_event())
+    outbox.close()
+    reopened = Outbox(path, max_bytes=10_000)
+    assert reopened.dropped() == 1
+    reopened.add(make_event())  # room enough: nothing dropped
+    reopened.told(1)
+    assert reopened.dropped() == 0
+
+
+def test_an_outbox_from_before_the_bound_is_read_and_bounded(tmp_path):
+    path = tmp_path / "outbox.sqlite3"
+    old = sqlite3.connect(path, isolation_level=None)
+    old.execute("CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL"
+                " UNIQUE, frame TEXT NOT NULL)")
+    event = make_event()
+    old.execute("INSERT INTO events (id, frame) VALUES (?, ?)", (event["id"], json.dumps(event)))
+    old.close()
+    outbox = Outbox(path, max_bytes=frame_size(event) + 10)
+    assert outbox.pending() == [event]
+    assert outbox.add(make_event()) == 1 and len(outbox) == 1
+
+
+def test_an_ack_gives_its_room_back(tmp_path):
+    event = make_event()
+    outbox = Outbox(tmp_path / "outbox.sqlite3", max_bytes=2 * frame_size(event) + 10)
+    outbox.add(event)
+    outbox.add(make_event())
+    outbox.remove([event["id"]])
+    assert outbox.add(make_event()) == 0 and len(outbox) == 2

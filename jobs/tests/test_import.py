@@ -117,10 +117,17 @@ def test_a_failed_sacct_leaves_the_cursor_and_records_the_error(monkeypatch, clu
     assert cursor.last_error == "" and cursor.imported_until == NOW + timedelta(hours=2)
 
 
-def test_output_it_cannot_read_stores_nothing(monkeypatch, cluster):
+def test_a_line_it_cannot_read_is_a_warning_and_the_rest_is_imported(monkeypatch, cluster):
     sacct = FakeSacct(monkeypatch, "sacct_finished.txt")
     sacct.output += "garbage line\n"
     result = do_import_jobs(cluster, now=NOW)
-    assert result.error
-    assert not Job.objects.filter(cluster=cluster).exists()
-    assert ImportCursor.objects.get(cluster=cluster).imported_until is None
+    assert (result.error, result.warnings) == ("", 1)
+    assert Job.objects.filter(cluster=cluster).count() == 8
+    cursor = ImportCursor.objects.get(cluster=cluster)
+    assert cursor.imported_until == NOW and cursor.last_warning_count == 1
+    [warning] = cursor.last_warnings
+    assert warning.startswith("line 9: 1 fields, not 12: garbage line")
+    sacct.output = sacct.output.replace("garbage line\n", "")
+    do_import_jobs(cluster, now=NOW)  # a clean import clears them
+    cursor.refresh_from_db()
+    assert (cursor.last_warning_count, cursor.last_warnings) == (0, [])

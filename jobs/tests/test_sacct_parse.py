@@ -13,7 +13,9 @@ def utc(*args):
 
 
 def by_id(name):
-    return {j.job_id: j for j in parse_sacct((FIXTURES / name).read_text())}
+    jobs, warnings = parse_sacct((FIXTURES / name).read_text())
+    assert warnings == []
+    return {j.job_id: j for j in jobs}
 
 
 def test_it_reads_every_field_of_real_sacct_output():
@@ -39,9 +41,30 @@ def test_a_running_job_has_no_end_and_a_pending_one_no_start_or_nodes():
     assert pending.node_list == "" and pending.nodes == () and pending.gpus == 0
 
 
-def test_a_line_with_missing_fields_is_an_error():
-    with pytest.raises(ValueError):
-        parse_sacct("1|name|alice|research\n")
+GOOD = "9|ok|alice|research|gpu|gpu-001|gres/gpu=1|2026-11-30T00:46:17|Unknown|RUNNING|0:0|00:00:05"
+
+
+@pytest.mark.parametrize("line, why", [
+    ("1|name|alice|research", "4 fields, not 12"),
+    ("no separators at all", "1 fields, not 12"),
+    ("|" + GOOD.partition("|")[2], "a job id of 0 characters"),
+    ("9" * 65 + "|" + GOOD.partition("|")[2], "a job id of 65 characters"),
+    (GOOD.replace("gpu-001", "gpu-[001-x]"), "cannot read the host list"),
+    (GOOD.replace("gpu-001", "gpu-[\u0661-\u0663]"), "cannot read the host list"),
+    (GOOD.replace("00:00:05", "00:0a:05"), "cannot read the elapsed time"),
+])
+def test_a_line_it_cannot_read_is_a_warning_and_the_rest_is_read(line, why):
+    jobs, warnings = parse_sacct(f"{GOOD}\n{line}\n{GOOD.replace('9|ok', '10|ok')}\n")
+    assert [job.job_id for job in jobs] == ["9", "10"]
+    [warning] = warnings
+    assert warning.startswith("line 2: ") and why in warning
+
+
+def test_text_longer_than_its_column_is_cut_and_a_long_line_is_shown_cut():
+    [job], _ = parse_sacct(GOOD.replace("|ok|", "|" + "n" * 400 + "|"))
+    assert len(job.name) == 255
+    _, [warning] = parse_sacct("x" * 5000)
+    assert len(warning) < 400 and warning.endswith("…")
 
 
 @pytest.mark.parametrize("text, names", [

@@ -9,7 +9,6 @@ from jobs import services
 from jobs.models import Job
 from jobs.tasks import import_jobs
 from schedulers import ExecutorError
-from repairs.models import RepairSettings
 
 FIXTURE = (Path(__file__).parent / "fixtures" / "sacct_finished.txt").read_text()
 

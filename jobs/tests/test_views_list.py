@@ -131,6 +131,15 @@ def test_a_failed_import_shows_on_the_page(client_for, viewer, url, cluster):
     assert 'id="import-error"' in html and "boom" in html
 
 
+def test_lines_the_import_could_not_read_show_on_the_page(client_for, viewer, url, cluster):
+    ImportCursor.objects.create(cluster=cluster, last_success_at=T0, last_warning_count=2,
+                                last_warnings=["line 4: 3 fields, not 12: 17|x|y",
+                                               "line 9: <b>odd</b>"])
+    html = client_for(viewer).get(url).content.decode()
+    assert 'id="import-warnings"' in html and "could not read 2 lines" in html
+    assert "line 4: 3 fields, not 12: 17|x|y" in html and "&lt;b&gt;odd&lt;/b&gt;" in html
+
+
 def test_the_page_takes_the_same_queries_for_more_jobs(
         client_for, viewer, url, cluster, django_assert_max_num_queries):
     client = client_for(viewer)

@@ -10,6 +10,7 @@ from channels.db import database_sync_to_async
 
 from healthchecks.models import HealthEvent
 from nodes.models import Gpu, Node
+from nodes.services import do_issue_node_token
 from nodes.tests.test_consumers import event, hello, join, receive, send
 from startup.models import ScriptRun
 
@@ -133,3 +134,21 @@ async def test_an_event_id_of_another_form_is_refused_without_an_id(join_token):
     assert answer["code"] == "bad_message" and "id" not in answer
     await assert_still_served(agent)
     await agent.disconnect()
+
+
+async def test_events_the_agents_full_outbox_dropped_are_on_the_nodes_health(join_token):
+    agent, _ = await join(join_token, boot_id="boot-1")
+    await agent.disconnect()
+    again = await connect_agent(join_token, outbox_dropped=5)
+    stored = await database_sync_to_async(HealthEvent.objects.get)(signature="agent_outbox_full")
+    assert (stored.severity, stored.count) == ("info", 5)
+    assert "dropped 5 unsent events" in stored.message
+    await again.disconnect()
+
+
+async def connect_agent(join_token, **hello_fields):
+    """A hello with a node token (the node exists), welcomed."""
+    token = await database_sync_to_async(do_issue_node_token)(
+        await database_sync_to_async(Node.objects.get)())
+    agent, _ = await join(token[1], **hello_fields)
+    return agent

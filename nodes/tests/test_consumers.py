@@ -28,9 +28,10 @@ GPUS = [{"index": i, "uuid": f"GPU-{i:04d}", "name": "NVIDIA H200",
         for i in range(8)]
 
 
-def hello(node="gpu-001", boot_id="boot-1", gpus=GPUS):
+def hello(node="gpu-001", boot_id="boot-1", gpus=GPUS, **extra):
     return {"type": "hello", "node": node, "boot_id": boot_id, "agent_version": "1.0.0",
-            "driver_version": "580.159.04", "cuda_version": "13.0", "gpus": gpus, "slurm": None}
+            "driver_version": "580.159.04", "cuda_version": "13.0", "gpus": gpus, "slurm": None,
+            **extra}
 
 
 def sample(seq=0, uuids=("GPU-0000",)):
