@@ -88,9 +88,29 @@ def _timeout_of(script):
     return value
 
 
+def secrets_of(script):
+    """The config entry's `env`: the server's secrets the script names, {NAME: value}."""
+    env = script.get("env")
+    if not isinstance(env, dict):
+        return {}
+    return {name: value for name, value in env.items()
+            if isinstance(name, str) and isinstance(value, str)}
+
+
+def mask_secrets(text, secrets):
+    """`text` with each secret's value replaced by <secret NAME> (longest first)."""
+    for name, value in sorted(secrets.items(), key=lambda item: -len(item[1])):
+        if value:
+            text = text.replace(value, f"<secret {name}>")
+    return text
+
+
 def run_script(script, *, job_id=None, env=None, cwd="/"):
-    """Run one script (a config entry) with bash; its script_result frame."""
+    """Run one script (a config entry) with bash, the secrets it was sent in its
+    environment; its script_result frame, with those masked in its output."""
     timeout_s = _timeout_of(script)
+    secrets = secrets_of(script)
+    env = {**(os.environ if env is None else env), **secrets}
     started = time.monotonic()
     timed_out = False
     with tempfile.TemporaryDirectory(prefix="clusterui-script-") as folder:
@@ -116,6 +136,7 @@ def run_script(script, *, job_id=None, env=None, cwd="/"):
             size = output.seek(0, os.SEEK_END)
             output.seek(max(0, size - OUTPUT_TAIL_BYTES))
             tail = output.read().decode(errors="replace")
+    tail = mask_secrets(tail, secrets)
     if timed_out:
         tail += f"\n[killed at its time limit of {timeout_s:g} s]"
         tail = tail[-OUTPUT_TAIL_BYTES:]

@@ -2,7 +2,7 @@ from django import forms
 
 from nodes.choices import NodeState
 
-from .models import Cluster
+from .models import Cluster, validate_secret_name
 
 CONFIGURATION_WIDGETS = {
     "billing_rate_per_gpu_hour": forms.NumberInput(attrs={"step": "0.0001", "min": "0"}),
@@ -52,3 +52,14 @@ class JoinTokenForm(forms.Form):
         help_text="It stops working after this many hours (a leaked one does not last).")
     single_use = forms.BooleanField(
         required=False, help_text="It stops working once one node has joined with it.")
+
+
+class SecretForm(forms.Form):
+    """A secret's name and value (write-only: the page never shows a value)."""
+
+    name = forms.CharField(max_length=64, validators=[validate_secret_name],
+                           help_text="Scripts and provider commands use it as $NAME.")
+    value = forms.CharField(max_length=10_000, strip=False,
+                            widget=forms.PasswordInput(render_value=False))
+    description = forms.CharField(max_length=200, required=False,
+                                  help_text="What it is for; shown, unlike the value.")

@@ -301,3 +301,31 @@ class FeedCursor(models.Model):
 
     def __str__(self):
         return f"{self.reader} at {self.last_id}"
+
+
+SECRET_NAME = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+
+
+def validate_secret_name(name):
+    if not SECRET_NAME.fullmatch(name):
+        raise ValidationError("1-64 capital letters, digits and '_', starting with a letter: "
+                              "it is the name of an environment variable (IPMI_PASSWORD).")
+
+
+class Secret(models.Model):
+    """A named credential (clusterui/secrets.py): encrypted at rest with the key from the
+    settings, never from the database; handed to provider commands and startup scripts that
+    name it as $NAME, as an environment variable. Nobody reads it back."""
+
+    name = models.CharField(max_length=64, unique=True, validators=[validate_secret_name])
+    description = models.CharField(max_length=200, blank=True)
+    ciphertext = models.TextField(help_text="Fernet token of the value")
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    updated_by_name = models.CharField(max_length=150)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name

@@ -486,6 +486,15 @@ CLUSTERUI_CHANGE_RETENTION_DAYS = envint("CLUSTERUI_CHANGE_RETENTION_DAYS", 7)
 CLUSTERUI_EVENT_RECEIPT_RETENTION_DAYS = envint("CLUSTERUI_EVENT_RECEIPT_RETENTION_DAYS", 30)
 # Bearer token Prometheus presents at /metrics; /metrics is off while it is unset.
 CLUSTERUI_METRICS_TOKEN = envsecret("CLUSTERUI_METRICS_TOKEN")
+# The secrets store's keys (clusterui/secrets.py): Fernet keys, comma-separated, the first
+# encrypts and every one decrypts (add a new key first, run `manage.py rotate_secrets`, then
+# drop the old one). From CLUSTERUI_SECRETS_KEYS or the file CLUSTERUI_SECRETS_KEYS_FILE
+# names; never the database. Embedded mode without one: a key file in the data dir, made
+# on first use.
+CLUSTERUI_SECRETS_KEYS = [key.strip() for key in (envsecret("CLUSTERUI_SECRETS_KEYS") or "")
+                          .split(",") if key.strip()]
+CLUSTERUI_SECRETS_KEY_FILE = (DATA_DIR / "secrets.key"
+                              if MODE == "embedded" and not CLUSTERUI_SECRETS_KEYS else None)
 # Node pages link to Grafana when this is set: a URL with {node} and {cluster} in it.
 CLUSTERUI_GRAFANA_NODE_URL = envstr("CLUSTERUI_GRAFANA_NODE_URL", "")
 # Whether server processes start the live publisher (tests of consumers turn it off).

@@ -10,6 +10,8 @@ cluster_patterns = [
     path("clusters/new/", views.cluster_create, name="cluster_create"),
     path("audit/", views.audit_list, name="audit"),
     path("audit/export.csv", views.audit_csv, name="audit_csv"),
+    path("secrets/", views.secrets_page, name="secrets"),
+    path("secrets/<str:secret>/delete/", views.secret_delete, name="secret_delete"),
     path("c/<slug:slug>/", views.overview, name="overview"),
     path("c/<slug:slug>/settings/", views.cluster_settings, name="cluster_settings"),
     path("c/<slug:slug>/settings/join-tokens/", views.join_token_create,

@@ -32,8 +32,15 @@ from . import kubeaccess
 from . import queries as read
 from .queries import get_cluster_for_user
 from .filters import AuditEntryFilter
-from .forms import ClusterCreateForm, ClusterSettingsForm, JoinTokenForm, TimelineFilterForm
-from .models import AuditEntry, Cluster
+from .forms import (
+    ClusterCreateForm,
+    ClusterSettingsForm,
+    JoinTokenForm,
+    SecretForm,
+    TimelineFilterForm,
+)
+from .secrets import SecretsUnavailable, do_delete_secret, do_set_secret
+from .models import AuditEntry, Cluster, Secret
 from .roles import Role, has_role, require_role
 from .services import do_create_cluster, do_update_cluster
 
@@ -280,6 +287,36 @@ AUDIT_CSV_COLUMNS = ["time", "person", "action", "object_type", "object_id", "ob
 
 def audit_filter_for(request):
     return AuditEntryFilter(request.GET, queryset=AuditEntry.objects.select_related("cluster"))
+
+
+@require_http_methods(["GET", "POST"])
+@require_role(Role.ADMIN)
+def secrets_page(request):
+    """The secrets store: names, what each is for, who set it when; never a value. A POST sets
+    one (a new name) or replaces its value."""
+    form = SecretForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            secret, created = do_set_secret(
+                form.cleaned_data["name"], form.cleaned_data["value"], actor=request.user,
+                description=form.cleaned_data["description"], request=request)
+        except SecretsUnavailable as exc:
+            messages.error(request, str(exc))
+        else:
+            messages.success(request, f"Secret {secret.name} {'saved' if created else 'replaced'}.")
+            return redirect("clusterui:secrets")
+    return render(request, "clusterui/secrets.html", {"form": form,
+                                                      "secrets": Secret.objects.all()},
+                  status=400 if request.method == "POST" else 200)
+
+
+@require_POST
+@require_role(Role.ADMIN)
+def secret_delete(request, secret):
+    secret = get_object_or_404(Secret, name=secret)
+    do_delete_secret(secret, actor=request.user, request=request)
+    messages.success(request, f"Secret {secret.name} deleted.")
+    return redirect("clusterui:secrets")
 
 
 @require_GET

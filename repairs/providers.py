@@ -18,6 +18,7 @@ import tempfile
 
 from django.core.exceptions import ValidationError
 
+from clusterui.secrets import SecretsUnavailable, masked, values_referenced_in
 from schedulers import ExecutorError
 
 ACTIONS = ("reprovision", "failover", "remove")
@@ -63,7 +64,9 @@ class CommandProvider:
     while the repair runs (for the new machine's agent: an image needs no long-lived token;
     empty for remove). Every substituted value is shell-quoted, so a node name cannot
     inject commands. The output and errors show the command with "<join token>" in the
-    token's place, and the token is masked in what the command printed. The command runs under /bin/sh in
+    token's place, and the token is masked in what the command printed. A secret of the
+    secrets store (clusterui/secrets.py) the command names as $NAME is in its environment,
+    not its text, and masked in its output too. The command runs under /bin/sh in
     its own process group with stdin closed; at `timeout_s` the whole group is killed.
     stdout and stderr are kept together, their last 4 KiB in the output and in errors."""
 
@@ -89,7 +92,12 @@ class CommandProvider:
                                   join_token=shlex.quote(join_token or ""))
         shown = template.format(**{name: shlex.quote(value) for name, value in values.items()},
                                 join_token=JOIN_TOKEN_SHOWN)
-        returncode, output = run_command(command, self.timeout_s)
+        try:
+            secrets = values_referenced_in(template)
+        except SecretsUnavailable as error:
+            raise ExecutorError(f"the {action} command's secrets: {error}")
+        returncode, output = run_command(command, self.timeout_s, environment=secrets)
+        output = masked(output, secrets)
         if join_token:
             output = output.replace(join_token, JOIN_TOKEN_SHOWN)
         if returncode is None:
@@ -101,7 +109,7 @@ class CommandProvider:
         return f"$ {shown}\n{output}"
 
 
-def run_command(command, timeout_s):
+def run_command(command, timeout_s, environment=None):
     """Runs `command` under /bin/sh; returns (exit status, or None after a timeout; the last
     4 KiB of its output). The output goes to a temporary file rather than a pipe: a child
     that outlives the shell cannot hold us waiting on the pipe, and a chatty command
@@ -113,6 +121,7 @@ def run_command(command, timeout_s):
             stdout=output_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env={**os.environ, **(environment or {})},
         )
         try:
             returncode = process.wait(timeout=timeout_s)

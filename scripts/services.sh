@@ -164,8 +164,11 @@ services_export_env() {
     export REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
     SECRET_KEY=$("$PY" -c 'import secrets, string; a = string.ascii_letters + string.digits; print("".join(secrets.choice(a) for _ in range(64)))')
     export SECRET_KEY
+    # The secrets store's key (clusterui/secrets.py): a Fernet key, new for each run.
+    CLUSTERUI_SECRETS_KEYS=$("$PY" -c 'import base64, os; print(base64.urlsafe_b64encode(os.urandom(32)).decode())')
+    export CLUSTERUI_SECRETS_KEYS
     export ALLOWED_HOSTS=127.0.0.1,localhost,testserver
     # Everything here speaks plain http on loopback: no redirect to https.
     export SECURE_SSL_REDIRECT=false
-    unset DATABASE_URL_FILE REDIS_URL_FILE SECRET_KEY_FILE CELERY_BROKER_URL
+    unset DATABASE_URL_FILE REDIS_URL_FILE SECRET_KEY_FILE CELERY_BROKER_URL CLUSTERUI_SECRETS_KEYS_FILE
 }

@@ -11,6 +11,7 @@
 """
 
 import difflib
+import logging
 import os
 import re
 import shutil
@@ -24,12 +25,15 @@ from django.db.models import Max
 from django.utils import timezone
 
 from clusterui.changes import Kind, record_change, record_node_changes
+from clusterui.secrets import SecretsUnavailable, values_referenced_in
 from clusterui.services import record_audit
 from healthchecks.services import do_close_health_event, do_record_health_event
 from nodes.models import Node
 from nodes.states import refresh_node_state
 
 from .models import ScriptEvent, ScriptRun, StartupScript, StartupScriptVersion
+
+logger = logging.getLogger(__name__)
 
 BASH_N_TIMEOUT_S = 10
 SHELLCHECK_TIMEOUT_S = 20
@@ -177,12 +181,25 @@ def diff_lines(old, new):
 
 def scripts_for_node(node):
     """The `startup_scripts` of a node's config frame: its cluster's current scripts for
-    its role."""
+    its role, each with `env`: the secrets its body names as $NAME (clusterui/secrets.py),
+    which the agent hands the script as environment variables and masks in its output."""
     scripts = StartupScript.objects.filter(
         cluster_id=node.cluster_id, role=node.role, current_version__isnull=False
     ).select_related("current_version").order_by("event", "id")
-    return [{"id": s.pk, "version": s.current_version.number, "event": s.event, "role": s.role,
-             "timeout_s": s.timeout_s, "body": s.current_version.body} for s in scripts]
+    entries = []
+    for s in scripts:
+        entry = {"id": s.pk, "version": s.current_version.number, "event": s.event,
+                 "role": s.role, "timeout_s": s.timeout_s, "body": s.current_version.body}
+        try:
+            env = values_referenced_in(s.current_version.body)
+        except SecretsUnavailable as exc:  # the script runs, without them; the log says why
+            logger.error("startup script %s goes to node %s without its secrets: %s", s,
+                         node.name, exc)
+            env = {}
+        if env:
+            entry["env"] = env
+        entries.append(entry)
+    return entries
 
 
 def config_frame_for(node_id, sample_interval_s):

@@ -136,3 +136,12 @@ def test_a_result_made_while_disconnected_is_sent_after_the_next_welcome(tmp_pat
 
     server = asyncio.run(scenario())
     assert server.connections[0].of_type("script_result")[0]["script_id"] == 8
+
+
+def test_a_script_gets_the_secrets_it_was_sent_and_they_are_masked_in_its_output():
+    entry = {**script(body='echo "token=$REGISTRY_TOKEN"; printf %s "$REGISTRY_TOKEN" | wc -c\n'),
+             "env": {"REGISTRY_TOKEN": "tok-123456", "BAD": 5}}
+    result = scripts.run_script(entry)
+    assert result["exit_code"] == 0
+    assert "tok-123456" not in result["output_tail"]
+    assert result["output_tail"] == "token=<secret REGISTRY_TOKEN>\n10\n"

@@ -90,6 +90,8 @@ AUDITED = {
     "nodes:bulk_check": Audited("checkrun.request", "healthchecks.checkrun"),
     "nodes:set_role": Audited("node.set_role", "nodes.node", before_after=True),
     "nodes:rejoin_open": Audited("node.rejoin_open", "nodes.node"),
+    "clusterui:secrets": Audited("secret.create", "clusterui.secret"),
+    "clusterui:secret_delete": Audited("secret.delete", "clusterui.secret"),
     "nodes:rejoin_close": Audited("node.rejoin_close", "nodes.node", setup=open_the_node),
     "nodes:remove": Audited("node.remove", "nodes.node"),
     "clusterui:cluster_rejoin_open": Audited("cluster.rejoin_open", "clusterui.cluster"),

@@ -25,6 +25,7 @@ from django.urls import URLResolver, get_resolver, reverse
 
 from clusterui.models import Cluster, KubernetesAccess
 from clusterui.roles import Role
+from clusterui.secrets import do_set_secret
 from clusterui.tests.factories import UserFactory
 from healthchecks.services import do_record_health_event
 from startup.services import Validation, do_save_startup_script
@@ -111,6 +112,9 @@ TABLE = {
               "oidc_scopes": "groups", "username_claim": "email", "username_prefix": "oidc:",
               "groups_prefix": "idp:"}),
     "clusterui:kubeconfig_download": Row(get=needs(VIEW, 200), post=not_allowed()),
+    "clusterui:secrets": Row(get=needs(ADMINISTER, 200), post=needs(ADMINISTER, 302),
+                             data={"name": "BMC_PASSWORD", "value": "s3cret", "description": ""}),
+    "clusterui:secret_delete": Row(get=not_allowed(), post=needs(ADMINISTER, 302)),
     # nodes
     "nodes:list": Row(get=needs(VIEW, 200), post=not_allowed()),
     "nodes:detail": Row(get=needs(VIEW, 200), post=not_allowed()),
@@ -256,7 +260,10 @@ def world(cluster, settings):
     for body in ("#!/bin/bash\ntrue\n", "#!/bin/bash\necho up\n"):
         do_save_startup_script(cluster, event="node_boot", role="worker", body=body,
                                timeout_s=60, validation=Validation())
+    do_set_secret("IPMI_PASSWORD", "hunter2", actor=UserFactory(username="setter",
+                                                                role=Role.ADMIN))
     return {"slug": cluster.slug, "name": node.name, "event": event.public_id,
+            "secret": "IPMI_PASSWORD",
             "repair": repair.public_id, "join_token": join_token.public_id,
             "lifecycle": "node_boot", "role": "worker", "number": 1}
 

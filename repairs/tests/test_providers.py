@@ -4,8 +4,10 @@ command one runs real subprocesses with quoting, a time limit and captured outpu
 import time
 
 import pytest
+from cryptography.fernet import Fernet
 from django.core.exceptions import ValidationError
 
+from clusterui.secrets import do_set_secret
 from schedulers import ExecutorError
 from repairs.providers import (
     CommandProvider,
@@ -187,3 +189,27 @@ def test_validate_refuses_empty_text_and_unknown_placeholders(text, message):
     with pytest.raises(ValidationError) as error:
         validate_command_template(text)
     assert message in error.value.messages[0]
+
+
+@pytest.mark.django_db
+def test_a_secret_the_command_names_is_in_its_environment_and_masked_in_its_output(
+        tmp_path, settings, admin):
+    settings.CLUSTERUI_SECRETS_KEYS = [Fernet.generate_key().decode()]
+    do_set_secret("IPMI_PASSWORD", "pa55-w0rd", actor=admin)
+    marker = tmp_path / "seen"
+    provider = CommandProvider({"reprovision": f'printf %s "$IPMI_PASSWORD" > {marker}; '
+                                               f'echo "logged in with $IPMI_PASSWORD"'}, 10)
+    output = provider.run("reprovision", "gpu-001")
+    assert marker.read_text() == "pa55-w0rd"  # the command had it
+    assert "pa55-w0rd" not in output and "logged in with <secret IPMI_PASSWORD>" in output
+    assert '"$IPMI_PASSWORD"' in output  # the command as written, not as run
+
+
+@pytest.mark.django_db
+def test_a_failing_command_masks_its_secrets_in_the_error(settings, admin):
+    settings.CLUSTERUI_SECRETS_KEYS = [Fernet.generate_key().decode()]
+    do_set_secret("API_KEY", "k-999", actor=admin)
+    provider = CommandProvider({"remove": 'echo "bad key $API_KEY" >&2; exit 4'}, 10)
+    with pytest.raises(ExecutorError) as failed:
+        provider.run("remove", "gpu-001")
+    assert "k-999" not in str(failed.value) and "<secret API_KEY>" in str(failed.value)

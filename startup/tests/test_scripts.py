@@ -5,10 +5,12 @@ import shutil
 from datetime import timedelta
 
 import pytest
+from cryptography.fernet import Fernet
 from django.urls import reverse
 from django.utils import timezone
 
 from clusterui.models import AuditEntry
+from clusterui.secrets import do_set_secret
 from healthchecks.models import HealthEvent
 from nodes.choices import NodeState
 from nodes.models import Node
@@ -162,11 +164,12 @@ def test_without_shellcheck_the_form_says_so(client, cluster, admin, monkeypatch
 
 
 @pytest.mark.django_db
-def test_a_viewer_reads_but_cannot_save(client, cluster, viewer):
+def test_a_viewer_sees_the_script_exists_but_neither_reads_nor_saves_it(client, cluster,
+                                                                         viewer):
     save(cluster)
     client.force_login(viewer)
     page = client.get(edit_url(cluster)).content.decode()
-    assert "echo ready" in page and "Only admins change startup scripts" in page
+    assert "echo ready" not in page and "Only admins read and change startup scripts" in page
     assert "name=\"body\"" not in page
     assert client.post(edit_url(cluster), {"body": GOOD, "timeout_s": 5}).status_code == 403
 
@@ -283,3 +286,26 @@ def test_a_boot_hold_ends_when_the_results_are_overdue(cluster, settings):
     assert node.transitions.first().reason == "boot scripts' results overdue"
     refresh_node_state(node)
     assert Node.objects.get(pk=node.pk).state == NodeState.HEALTHY
+
+
+@pytest.mark.django_db
+def test_a_script_gets_the_secrets_it_names_and_no_others(cluster, admin, settings):
+    settings.CLUSTERUI_SECRETS_KEYS = [Fernet.generate_key().decode()]
+    do_set_secret("REGISTRY_TOKEN", "tok-123", actor=admin)
+    do_set_secret("UNUSED", "never-sent", actor=admin)
+    node = NodeFactory(cluster=cluster)
+    version = save(cluster, body=GOOD.replace("echo ready", 'docker login -p "$REGISTRY_TOKEN"'))
+    [entry] = config_frame_for(node.pk, 1.0)["startup_scripts"]
+    assert entry["env"] == {"REGISTRY_TOKEN": "tok-123"} and entry["version"] == version.number
+
+
+@pytest.mark.django_db
+def test_viewers_see_that_a_script_exists_not_its_text(cluster, client_for, viewer):
+    save(cluster, body=GOOD.replace("echo ready", "echo the-body-text"))
+    client = client_for(viewer)
+    for name in ("startup:edit", "startup:versions"):
+        page = client.get(reverse(name, args=[cluster.slug, "node_boot", "worker"]),
+                          {"show": 1}).content.decode()
+        assert "the-body-text" not in page
+    page = client.get(reverse("startup:edit", args=[cluster.slug, "node_boot", "worker"]))
+    assert "Version 1 runs at this event" in page.content.decode()
