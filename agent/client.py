@@ -362,11 +362,14 @@ class AgentClient:
             self._token_refused(kind, why)
         elif code == 4403:
             log.error(
-                "the server refused node %s (%s): its node token names another node, or "
-                "re-joining is turned off for the cluster",
+                "the server refused node %s (%s): its node token names another node, or a "
+                "join token named a node that exists and is not open to re-join (an admin "
+                "opens it on the node's page)",
                 self.node_name,
                 why,
             )
+        elif code == 4429:
+            log.error("the server closed the connection: rate limited for too long (%s)", why)
         elif code == 4409:
             log.warning(
                 "replaced by a newer connection for node %s (%s): is another agent "
