@@ -3,8 +3,9 @@
     bench/fuzz/run.sh [--frames 10000] [--seed N] [--types hello,event,...]
 
 Production mode (bench/fuzz/run.sh: a throwaway PostgreSQL and Redis), one daphne on core 0,
-this driver on core 1 as one node with a node token. For each frame type it sends --frames
-fuzzed frames (bench/fuzz/frames.py: each followed by a normal event that must be acked, no
+this driver on core 1 as one node with a node token, the rate limits set out of reach (so
+every frame is read exactly; bench/flood measures the limits). For each frame type it
+sends --frames fuzzed frames (bench/fuzz/frames.py: each followed by a normal event that must be acked, no
 answer server_error, every event answered, closes only where PROTOCOL.md says) and prints
 what came back. It stops at the first breach, printing the frame, and counts the tracebacks
 in daphne's log (each one a frame a handler failed on).
@@ -103,8 +104,13 @@ def main():
     entry = json.loads(fleet_path.read_text())["nodes"][0]
     port = ingest.free_port()
     log_path = workdir / "daphne.log"
+    # The rate limits off (bench/flood measures them): every fuzzed frame is read exactly.
+    unlimited = {name: "1000000000" for name in (
+        "CLUSTERUI_AGENT_FRAMES_PER_S", "CLUSTERUI_AGENT_FRAME_BURST",
+        "CLUSTERUI_AGENT_NEW_EVENTS_PER_HOUR", "CLUSTERUI_AGENT_OPEN_EVENTS_MAX")}
     with open(log_path, "w") as log_file:
         server = subprocess.Popen(ingest.pinned(0, storm.server_argv("daphne", port)), cwd=REPO,
+                                  env={**os.environ, **unlimited},
                                   stdout=log_file, stderr=subprocess.STDOUT)
     try:
         ingest.wait_for_port(port, server)
