@@ -20,6 +20,7 @@ from .filters import DB_SORTS, LIVE_SORTS, SORT_CHOICES, NodeFilter
 from .live import get_live_store
 from .models import Node, NodeRollup
 from .publisher import stale_after_s
+from .rollups import reading
 
 NODES_PAGE_SIZE = 50
 CHART_METRICS = ("util_pct", "mem_used_bytes", "temp_c", "power_w")
@@ -92,11 +93,11 @@ def summarize_node_sample(entry):
     gpus = entry["gpus"]
 
     def values(field):
-        return [gpu[field] for gpu in gpus if gpu.get(field) is not None]
+        return [gpu[field] for gpu in gpus if reading(gpu.get(field)) is not None]
 
     utils, temps, power = values("util_pct"), values("temp_c"), values("power_w")
-    with_total = [gpu for gpu in gpus if gpu.get("mem_used_bytes") is not None
-                  and gpu.get("mem_total_bytes")]
+    with_total = [gpu for gpu in gpus if reading(gpu.get("mem_used_bytes")) is not None
+                  and reading(gpu.get("mem_total_bytes"))]
     used = sum(gpu["mem_used_bytes"] for gpu in with_total)
     total = sum(gpu["mem_total_bytes"] for gpu in with_total)
     return {

@@ -23,19 +23,31 @@ def fresh_entries(snapshot, now_ts, stale_after_s):
     return [e for e in snapshot.values() if now_ts - e["received_at"] <= stale_after_s]
 
 
+# A reading beyond this is no measurement (a petabyte a second, 10^18 %) and is left out of
+# sums and means: PROTOCOL.md lets any finite number through, and two near 1e308 add up to
+# infinity, which neither PostgreSQL's jsonb nor a browser's JSON.parse takes.
+READING_MAX = 1e18
+
+
+def reading(value):
+    """The value, or None when it is missing or beyond READING_MAX."""
+    return value if value is not None and -READING_MAX <= value <= READING_MAX else None
+
+
 def summarize_usage(entries):
     """Cluster-wide usage now, from fresh live entries; None when nothing reports."""
     utils, used, total, net, gpus = [], 0, 0, 0.0, 0
     for entry in entries:
         for gpu in entry["gpus"]:
             gpus += 1
-            if gpu.get("util_pct") is not None:
+            if reading(gpu.get("util_pct")) is not None:
                 utils.append(gpu["util_pct"])
-            if gpu.get("mem_used_bytes") is not None and gpu.get("mem_total_bytes"):
+            if reading(gpu.get("mem_used_bytes")) is not None and reading(
+                    gpu.get("mem_total_bytes")):
                 used += gpu["mem_used_bytes"]
                 total += gpu["mem_total_bytes"]
         node = entry["node"]
-        net += (node.get("net_rx_bps") or 0) + (node.get("net_tx_bps") or 0)
+        net += (reading(node.get("net_rx_bps")) or 0) + (reading(node.get("net_tx_bps")) or 0)
     if not gpus:
         return None
     return {
@@ -58,7 +70,7 @@ def add_values(stats, record, metrics):
     offset = 0
     for metric in metrics:
         value = record.get(metric)
-        if value is not None:
+        if value is not None and -READING_MAX <= value <= READING_MAX:
             stats[offset] += value
             stats[offset + 1] += 1
             peak = stats[offset + 2]

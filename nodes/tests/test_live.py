@@ -99,6 +99,32 @@ async def test_a_finished_minute_is_written_as_rollups(cluster, layer):
     assert node_rollup.node_metrics["net_rx_bps"] == [1e9, 1e9]
 
 
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+async def test_readings_no_machine_makes_do_not_break_the_minute_or_the_summary(cluster, layer):
+    """PROTOCOL.md lets any finite number through; 1e308 twice is infinity, which jsonb
+    refuses (the whole minute's rollups failed: the 10,000-frame fuzz found it) and a
+    browser's JSON.parse too. Such readings are left out of sums and means."""
+    node = await database_sync_to_async(NodeFactory)(cluster=cluster)
+    store = MemoryLiveStore()
+    publisher = Publisher(store=store, channel_layer=layer)
+    channel = await layer.new_channel()
+    await layer.group_add(cluster_group(cluster.slug), channel)
+    minute = datetime(2026, 11, 29, 14, 2, tzinfo=dt_timezone.utc)
+    for second in (0, 20, 40):
+        at = minute + timedelta(seconds=second)
+        store.record(cluster.pk, entry(node, 1e308, 10 * GIB, received_at=at.timestamp(),
+                                       net=1.7e308))
+        await publisher.publish_once(now=at)
+        summary = await next_summary(layer, channel)
+        json.loads(json.dumps(summary), parse_constant=pytest.fail)  # no Infinity in it
+    await publisher.publish_once(now=minute + timedelta(minutes=1))
+    node_rollup = await database_sync_to_async(NodeRollup.objects.get)(node=node)
+    assert node_rollup.gpus[f"{node.name}-GPU-0"]["util_pct"] == [None, None]
+    assert node_rollup.gpus[f"{node.name}-GPU-0"]["temp_c"] == [50.0, 50]
+    assert node_rollup.node_metrics["net_rx_bps"] == [None, None]
+
+
 @pytest.mark.django_db
 def test_old_rollups_are_pruned(cluster, settings):
     settings.CLUSTERUI_ROLLUP_RETENTION_DAYS = 30
