@@ -94,8 +94,9 @@ def build_client(name, args):
                                faults=read_faults(state_dir, args.gpus))
     outbox = Outbox(os.path.join(state_dir, OUTBOX_FILE))
     client = AgentClient(
-        server_url=args.server, tls=args.tls, join_token=args.token, node_token=node_token, node_name=name,
-        boot_id=host.simulated_boot_id(state_dir), state_dir=state_dir, backend=backend,
+        server_url=args.server, tls=args.tls, join_token=args.token, node_token=node_token,
+        node_name=name, boot_id=host.simulated_boot_id(state_dir), state_dir=state_dir,
+        backend=backend,
         node_metrics=SimulatedNodeMetrics(backend, phase=zlib.crc32(name.encode()) % 360),
         outbox=outbox, watchers=make_watchers(Config(node_name=name), backend),
         check_runner=SimulatedCheckRunner(backend, state_dir), read_slurm=host.no_slurm,

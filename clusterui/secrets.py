@@ -97,10 +97,11 @@ def values_referenced_in(*texts):
     names = set().union(*(referenced_names(text) for text in texts))
     if not names:
         return {}
-    values = {}
+    values, keys = {}, None
     for secret in Secret.objects.filter(name__in=names):
+        keys = keys or fernet()
         try:
-            values[secret.name] = fernet().decrypt(secret.ciphertext.encode()).decode()
+            values[secret.name] = keys.decrypt(secret.ciphertext.encode()).decode()
         except InvalidToken:
             raise SecretsUnavailable(f"secret {secret.name} does not open with the keys of "
                                      f"CLUSTERUI_SECRETS_KEYS (a key was dropped too soon?)")
@@ -118,10 +119,10 @@ def masked(text, values):
 @transaction.atomic
 def rotate_all():
     """Re-encrypt every value under the first key; how many."""
-    rotated = 0
+    rotated, keys = 0, fernet()
     for secret in Secret.objects.select_for_update():
         try:
-            ciphertext = fernet().rotate(secret.ciphertext.encode()).decode()
+            ciphertext = keys.rotate(secret.ciphertext.encode()).decode()
         except InvalidToken:
             raise SecretsUnavailable(f"secret {secret.name} does not open with any key of "
                                      f"CLUSTERUI_SECRETS_KEYS") from None

@@ -29,7 +29,7 @@ from . import ingest
 from .admission import FrameBucket, HelloAdmission, NewEventCounts
 from .event_batches import event_writer
 from .live import get_live_store, live_entry
-from .protocol import MAX_FRAME_BYTES, BadFrame, frame_kind, parse_frame
+from .protocol import MAX_FRAME_BYTES, BadFrame, parse_frame, quick_read
 from .publisher import ensure_publisher
 
 logger = logging.getLogger(__name__)
@@ -232,16 +232,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.close_with(CLOSE_TOO_BIG)
             return
         # The bucket first, on a quick read: a flood is refused without being read exactly.
-        kind, event_id = frame_kind(data)
-        if kind not in (None, "sample"):
+        quick = quick_read(data)  # read once: the sample fast path takes it too
+        if quick.kind not in (None, "sample"):
             wait = self.frame_bucket.take()
             if wait:
-                await self.rate_limit(kind, event_id, wait, "more frames than this server "
-                                                            "takes from one connection "
-                                                            "(samples aside)")
+                await self.rate_limit(quick.kind, quick.event_id, wait,
+                                      "more frames than this server takes from one "
+                                      "connection (samples aside)")
                 return
         try:
-            frame = parse_frame(data)
+            frame = parse_frame(data, quick)
             if self.node_id is None and frame["type"] != "hello":
                 raise BadFrame("send hello first", code="hello_required")
         except BadFrame as exc:

@@ -18,6 +18,7 @@ library's json and the schema below, which write the error messages.
 import json
 import math
 import re
+from dataclasses import dataclass
 
 import orjson
 
@@ -347,40 +348,45 @@ def _sample_is_valid(frame):
     return node is None or _NUMBER.issuperset(map(type, map(node.get, _SAMPLE_NODE_NUMBERS)))
 
 
-def _fast_sample(text):
-    """The frame, when it is a valid sample by the fast path; None otherwise."""
-    if _NEEDS_EXACT_CHECK.search(text):
-        return None
-    try:
-        frame = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return None  # the standard library says why (or reads what orjson refuses, e.g. 1e400)
-    if type(frame) is dict and frame.get("type") == "sample" and _sample_is_valid(frame):
-        return frame
-    return None
+@dataclass(frozen=True)
+class QuickRead:
+    """A frame as orjson reads it, unchecked: enough for the rate limits to refuse it
+    without reading it exactly, and the sample fast path's reading. `kind` and `event_id`
+    are None where they cannot be told (the event id unless a UUID string as PROTOCOL.md has
+    them); `decoded` is None where orjson did not read it."""
+
+    kind: str | None = None
+    event_id: str | None = None
+    decoded: object = None
 
 
-def frame_kind(text):
-    """(type, event id) of a frame as far as a quick read tells, for the rate limits to refuse
-    a frame without reading it exactly; (None, None) when it does not read as an object.
-    The event id is None unless it is a UUID string as PROTOCOL.md has them."""
+def quick_read(text):
     if not isinstance(text, str):
-        return None, None
+        return QuickRead()
     try:
-        frame = orjson.loads(text)
+        decoded = orjson.loads(text)
     except orjson.JSONDecodeError:
-        return None, None
-    if type(frame) is not dict or type(frame.get("type")) is not str:
-        return None, None
-    event_id = frame.get("id") if frame["type"] == "event" else None
-    return frame["type"], event_id if _event_id(event_id) is None else None
+        return QuickRead()  # the standard library says why (or reads what orjson refuses)
+    if type(decoded) is not dict or type(decoded.get("type")) is not str:
+        return QuickRead(decoded=decoded)
+    event_id = decoded.get("id") if decoded["type"] == "event" else None
+    return QuickRead(decoded["type"], event_id if _event_id(event_id) is None else None,
+                     decoded)
 
 
-def parse_frame(text):
-    """A validated frame dict from one WebSocket text message, or BadFrame."""
+def _fast_sample(text, quick):
+    """The frame, when it is a valid sample by the fast path; None otherwise."""
+    if quick.kind != "sample" or _NEEDS_EXACT_CHECK.search(text):
+        return None
+    return quick.decoded if _sample_is_valid(quick.decoded) else None
+
+
+def parse_frame(text, quick=None):
+    """A validated frame dict from one WebSocket text message, or BadFrame. `quick`: the
+    text's quick_read(), when the caller has it already."""
     if isinstance(text, (bytes, bytearray)):
         raise BadFrame("binary frames are not part of the protocol: send JSON text")
-    frame = _fast_sample(text)
+    frame = _fast_sample(text, quick or quick_read(text))
     if frame is not None:
         return frame
     try:

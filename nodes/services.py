@@ -9,6 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from clusterui.changes import Kind, record_change
+from clusterui.models import Cluster
 from clusterui.services import record_audit
 
 from . import agent_work
@@ -273,7 +274,7 @@ def do_close_rejoin(node, *, actor=None, opened_by=None, reason, request=None, n
 @transaction.atomic
 def do_open_cluster_rejoin(cluster, *, actor, until, request=None, now=None):
     """Open every node of the cluster to re-join until `until` (a migration)."""
-    type(cluster).objects.filter(pk=cluster.pk).update(
+    Cluster.objects.filter(pk=cluster.pk).update(
         rejoin_open_until=until, rejoin_opened_by=actor.get_username())
     record_audit(actor, "cluster.rejoin_open", cluster, cluster=cluster, request=request, now=now,
                  changes={"until": until.isoformat()})
@@ -281,7 +282,7 @@ def do_open_cluster_rejoin(cluster, *, actor, until, request=None, now=None):
 
 @transaction.atomic
 def do_close_cluster_rejoin(cluster, *, actor, request=None, now=None):
-    if not type(cluster).objects.filter(pk=cluster.pk, rejoin_open_until__isnull=False).update(
+    if not Cluster.objects.filter(pk=cluster.pk, rejoin_open_until__isnull=False).update(
             rejoin_open_until=None, rejoin_opened_by=""):
         return False
     record_audit(actor, "cluster.rejoin_close", cluster, cluster=cluster, request=request, now=now)

@@ -25,7 +25,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from clusterui.changes import Kind, record_change, record_node_changes
-from clusterui.secrets import SecretsUnavailable, values_referenced_in
+from clusterui.secrets import SecretsUnavailable, referenced_names, values_referenced_in
 from clusterui.services import record_audit
 from healthchecks.services import do_close_health_event, do_record_health_event
 from nodes.models import Node
@@ -183,19 +183,20 @@ def scripts_for_node(node):
     """The `startup_scripts` of a node's config frame: its cluster's current scripts for
     its role, each with `env`: the secrets its body names as $NAME (clusterui/secrets.py),
     which the agent hands the script as environment variables and masks in its output."""
-    scripts = StartupScript.objects.filter(
+    scripts = list(StartupScript.objects.filter(
         cluster_id=node.cluster_id, role=node.role, current_version__isnull=False
-    ).select_related("current_version").order_by("event", "id")
+    ).select_related("current_version").order_by("event", "id"))
+    try:  # one read for all the scripts: this runs at every hello
+        secrets = values_referenced_in(*(s.current_version.body for s in scripts))
+    except SecretsUnavailable as exc:  # the scripts run, without them; the log says why
+        logger.error("startup scripts go to node %s without their secrets: %s", node.name, exc)
+        secrets = {}
     entries = []
     for s in scripts:
         entry = {"id": s.pk, "version": s.current_version.number, "event": s.event,
                  "role": s.role, "timeout_s": s.timeout_s, "body": s.current_version.body}
-        try:
-            env = values_referenced_in(s.current_version.body)
-        except SecretsUnavailable as exc:  # the script runs, without them; the log says why
-            logger.error("startup script %s goes to node %s without its secrets: %s", s,
-                         node.name, exc)
-            env = {}
+        env = {name: secrets[name] for name in referenced_names(s.current_version.body)
+               if name in secrets}
         if env:
             entry["env"] = env
         entries.append(entry)
