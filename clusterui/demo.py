@@ -431,6 +431,7 @@ def create_cluster():
         "os_image": "Ubuntu 22.04 LTS",
         "billing_rate_per_gpu_hour": "2.10",
         "acceptance_tests_enabled": False,
+        "degraded_threshold_pct": 10,
     })
     form = ClusterCreateForm(data)
     if not form.is_valid():

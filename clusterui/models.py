@@ -2,7 +2,7 @@ import re
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator, URLValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, URLValidator
 from django.db import models
 from django.urls import reverse
 from django.utils import timezone
@@ -37,6 +37,12 @@ class Cluster(models.Model):
     acceptance_tests_enabled = models.BooleanField(
         "run acceptance tests on new and reprovisioned nodes", default=False
     )
+    degraded_threshold_pct = models.PositiveSmallIntegerField(
+        "degraded over (% of nodes out of service)", default=10,
+        validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="The cluster counts as degraded while more than this share of its nodes "
+                  "are out of service (paused or unhealthy): the overview says so, and "
+                  "notification rules can ask for it.")
     # PROTOCOL.md: a join-token hello naming an existing node is refused unless that node
     # is open to re-join; an admin may open the whole cluster for a while (a migration).
     rejoin_open_until = models.DateTimeField(
@@ -80,6 +86,7 @@ class Cluster(models.Model):
         "os_image",
         "billing_rate_per_gpu_hour",
         "acceptance_tests_enabled",
+        "degraded_threshold_pct",
         "scheduler",
         "scheduler_config",
         "ssh_login_host",
@@ -98,6 +105,10 @@ class Cluster(models.Model):
 
     def get_absolute_url(self):
         return reverse("clusterui:overview", args=[self.slug])
+
+    def is_degraded(self, out_of_service, total):
+        """Whether `out_of_service` of `total` nodes is over the degraded threshold."""
+        return total > 0 and out_of_service * 100 > total * self.degraded_threshold_pct
 
 
 class AuditEntryQuerySet(models.QuerySet):

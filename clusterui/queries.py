@@ -11,6 +11,7 @@ from django.utils import timezone
 from healthchecks.models import CheckRun
 from nodes.choices import DISPLAY_ORDER, STATE_COLOURS
 from nodes.models import ClusterRollup, Node, NodeTransition
+from nodes.states import OUT_OF_SERVICE
 from repairs.choices import Status
 from repairs.models import Repair
 
@@ -40,6 +41,13 @@ def state_counts(cluster):
          "colour": STATE_COLOURS[state]}
         for state in DISPLAY_ORDER
     ]
+
+
+def degraded(cluster, counts):
+    """{"out": n, "total": m} while the cluster is degraded (state_counts' counts), else None."""
+    out = sum(c["count"] for c in counts if c["state"] in OUT_OF_SERVICE)
+    total = sum(c["count"] for c in counts)
+    return {"out": out, "total": total} if cluster.is_degraded(out, total) else None
 
 
 def nodes_in_acceptance(cluster):

@@ -1,5 +1,5 @@
-"""The secrets store: named credentials for provider commands, startup scripts and, later,
-notifications. One home for them (issue 15, point 8).
+"""The secrets store: named credentials for provider commands, startup scripts and
+notification channels. One home for them (issue 15, point 8).
 
     do_set_secret("IPMI_PASSWORD", "hunter2", actor=admin)    # create, or replace the value
     values_referenced_in("ipmitool -P \"$IPMI_PASSWORD\" ...")   # {"IPMI_PASSWORD": "hunter2"}
@@ -9,7 +9,8 @@ CLUSTERUI_SECRETS_KEYS: a MultiFernet, so a new key goes first, `manage.py rotat
 re-encrypts every value under it, and the old key can then be dropped. The keys come from
 the settings (or a _FILE), never the database. A value is written by admins and never read
 back by anyone: it leaves this module only as an environment variable of a provider command
-or a startup script that names it ($NAME or ${NAME}), and those mask it in what they print.
+or a startup script that names it ($NAME or ${NAME}), and those mask it in what they print,
+or as a notification channel's URL or signing key at the moment a message is sent.
 """
 
 import os
@@ -64,18 +65,25 @@ def do_set_secret(name, value, *, actor, description="", request=None, now=None)
     """Create the secret, or replace its value (and description). Returns (secret, created).
     The audit trail says who and when, never the value."""
     now = now or timezone.now()
+    secret, created = store_secret(name, value, description=description,
+                                   by_name=actor.get_username(), now=now)
+    record_audit(actor, "secret.create" if created else "secret.replace", secret,
+                 request=request, now=now, changes={"name": name, "description": description})
+    return secret, created
+
+
+def store_secret(name, value, *, description, by_name, now):
+    """do_set_secret() without its audit row, for a service whose own audit row says what
+    the secret is for (a notification channel's URL). Returns (secret, created)."""
     ciphertext = fernet().encrypt(value.encode()).decode()
     secret, created = Secret.objects.select_for_update().get_or_create(
         name=name, defaults={"ciphertext": ciphertext, "description": description,
-                             "created_at": now, "updated_at": now,
-                             "updated_by_name": actor.get_username()})
+                             "created_at": now, "updated_at": now, "updated_by_name": by_name})
     if not created:
         secret.ciphertext, secret.description = ciphertext, description
-        secret.updated_at, secret.updated_by_name = now, actor.get_username()
+        secret.updated_at, secret.updated_by_name = now, by_name
         secret.save(update_fields=["ciphertext", "description", "updated_at",
                                    "updated_by_name"])
-    record_audit(actor, "secret.create" if created else "secret.replace", secret,
-                 request=request, now=now, changes={"name": name, "description": description})
     return secret, created
 
 
@@ -100,12 +108,23 @@ def values_referenced_in(*texts):
     values, keys = {}, None
     for secret in Secret.objects.filter(name__in=names):
         keys = keys or fernet()
-        try:
-            values[secret.name] = keys.decrypt(secret.ciphertext.encode()).decode()
-        except InvalidToken:
-            raise SecretsUnavailable(f"secret {secret.name} does not open with the keys of "
-                                     f"CLUSTERUI_SECRETS_KEYS (a key was dropped too soon?)")
+        values[secret.name] = _opened(secret, keys)
     return values
+
+
+def _opened(secret, keys):
+    try:
+        return keys.decrypt(secret.ciphertext.encode()).decode()
+    except InvalidToken:
+        raise SecretsUnavailable(f"secret {secret.name} does not open with the keys of "
+                                 f"CLUSTERUI_SECRETS_KEYS (a key was dropped too soon?)") from None
+
+
+def value_of(name):
+    """The value of one secret (a notification channel's URL or signing key, as it sends),
+    or None when there is no such secret."""
+    secret = Secret.objects.filter(name=name).first()
+    return None if secret is None else _opened(secret, fernet())
 
 
 def masked(text, values):

@@ -148,6 +148,7 @@ INSTALLED_APPS = [
     "jobs",
     "repairs",
     "startup",
+    "notifications",
 ]
 
 MIDDLEWARE = [
@@ -406,16 +407,18 @@ else:
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "visibility_timeout": envint("CELERY_VISIBILITY_TIMEOUT_S", 1200)}
 
-# Three queues (DESIGN.md "Data flow"): the periodic sweeps (heartbeats, node states, due
+# Four queues (DESIGN.md "Data flow"): the periodic sweeps (heartbeats, node states, due
 # repair steps, deadlines) on their own, so they never wait behind other work; the
-# providers' long commands (a reprovision may run 10 minutes) on another; everything else
-# on the default. A worker started without -Q takes all three; a deployment runs one worker
-# per queue (README "Running it in production"), as `make demo` does.
+# providers' long commands (a reprovision may run 10 minutes) on another; sending
+# notifications (a slow receiver) on a third; everything else on the default. A worker
+# started without -Q takes them all; a deployment runs one worker per queue (README
+# "Running it in production").
 CELERY_TASK_DEFAULT_QUEUE = "celery"
 SWEEPS_QUEUE = "sweeps"
 PROVIDER_QUEUE = "provider"
+NOTIFY_QUEUE = "notify"
 CELERY_TASK_QUEUES = {name: {} for name in (CELERY_TASK_DEFAULT_QUEUE, SWEEPS_QUEUE,
-                                            PROVIDER_QUEUE)}
+                                            PROVIDER_QUEUE, NOTIFY_QUEUE)}
 CELERY_TASK_ROUTES = {name: {"queue": SWEEPS_QUEUE} for name in (
     "healthchecks.tasks.sweep_heartbeats",
     "nodes.tasks.refresh_due_node_states",
@@ -424,7 +427,7 @@ CELERY_TASK_ROUTES = {name: {"queue": SWEEPS_QUEUE} for name in (
     "healthchecks.tasks.expire_check_runs",
     "nodes.tasks.expire_commands",
     "repairs.tasks.advance_repairs",
-)}
+)} | {"notifications.tasks.deliver": {"queue": NOTIFY_QUEUE}}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -452,7 +455,15 @@ CELERY_BEAT_SCHEDULE = {
     "recommend-from-changes": every(1.0, "repairs.tasks.recommend_from_changes"),
     "sweep-recommendations": every(60.0, "repairs.tasks.sweep_recommendations"),
     "import-jobs": every(60.0, "jobs.tasks.import_jobs"),
+    "notify": every(2.0, "notifications.tasks.notify"),
+    "retry-notification-deliveries": every(10.0, "notifications.tasks.retry_deliveries"),
 }
+
+# Notifications (notifications/): messages link to the console at this address (what the
+# operators' browsers use; behind a proxy, the public URL). A repair with no progress for
+# this long counts as stuck.
+CLUSTERUI_PUBLIC_URL = envstr("CLUSTERUI_PUBLIC_URL", "http://localhost:8000")
+CLUSTERUI_NOTIFY_REPAIR_STUCK_S = envint("CLUSTERUI_NOTIFY_REPAIR_STUCK_S", 3600)
 
 # The first job import of a cluster reads this many days of Slurm's accounting.
 CLUSTERUI_JOBS_BACKFILL_DAYS = envint("CLUSTERUI_JOBS_BACKFILL_DAYS", 30)

@@ -45,6 +45,7 @@ urlpatterns = [
     path("", include((cluster_patterns, "clusterui"))),
     path("c/<slug:slug>/nodes/", include("nodes.urls")),
     path("c/<slug:slug>/settings/scripts/", include("startup.urls")),
+    path("c/<slug:slug>/settings/notifications/", include("notifications.urls")),
     path("c/<slug:slug>/health/", include("healthchecks.urls")),
     path("c/<slug:slug>/repair/", include("repairs.urls")),
     path("c/<slug:slug>/jobs/", include("jobs.urls")),

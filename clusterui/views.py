@@ -89,6 +89,7 @@ def overview(request, slug):
         "tab": "overview",
         "counts": counts,
         "node_count": sum(c["count"] for c in counts),
+        "degraded": read.degraded(cluster, counts),
         "nodes_in_acceptance": read.nodes_in_acceptance(cluster),
         "repairs_awaiting": read.repairs_awaiting_approval(cluster),
         "usage": read.usage(cluster),

@@ -21,6 +21,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from clusterui.changes import Kind, record_changes
@@ -160,3 +161,14 @@ def note_on_timeline(node, reason, *, actor=None, now=None):
         cluster_id=node.cluster_id, node=node, from_state=node.state, to_state=node.state,
         reason=reason[:255], actor=actor, actor_name=actor_name(actor), at=now or timezone.now(),
     )
+
+
+# The states a node serves no jobs in: what makes a cluster degraded (Cluster.is_degraded).
+OUT_OF_SERVICE = (NodeState.PAUSED, NodeState.UNHEALTHY)
+
+
+def out_of_service(cluster):
+    """(how many of the cluster's nodes are out of service, how many nodes it has)."""
+    counts = Node.objects.filter(cluster=cluster).aggregate(
+        out=Count("pk", filter=Q(state__in=OUT_OF_SERVICE)), total=Count("pk"))
+    return counts["out"], counts["total"]

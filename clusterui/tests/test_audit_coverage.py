@@ -112,6 +112,12 @@ AUDITED = {
     "repairs:reject": Audited("repair.reject", "repairs.repair"),
     "repairs:cancel": Audited("repair.cancel", "repairs.repair"),
     "repairs:abort": Audited("repair.abort", "repairs.repair", setup=run_the_repair),
+    "notifications:create": Audited("notification_channel.create", "notifications.channel"),
+    "notifications:detail": Audited("notification_channel.update", "notifications.channel",
+                                    before_after=True),
+    "notifications:test": Audited("notification_channel.test", "notifications.channel"),
+    "notifications:rotate": Audited("notification_channel.rotate_key", "notifications.channel"),
+    "notifications:delete": Audited("notification_channel.delete", "notifications.channel"),
     "logout": Audited("user.sign_out", "auth.user"),
 }
 # Sign-ins are posted by someone not yet signed in: their entries (who, from where, refused

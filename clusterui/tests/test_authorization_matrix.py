@@ -30,6 +30,7 @@ from clusterui.tests.factories import UserFactory
 from healthchecks.services import do_record_health_event
 from startup.services import Validation, do_save_startup_script
 from nodes.services import do_issue_join_token
+from notifications.services import do_create_channel
 from nodes.tests.factories import GpuFactory, NodeFactory
 from repairs.models import RepairSettings
 from repairs.tests.factories import RepairFactory
@@ -70,6 +71,11 @@ class Row:
 
 
 VIEW, OPERATE, ADMINISTER = Role.VIEWER, Role.OPERATOR, Role.ADMIN
+# A valid channel form's fields besides name, kind and URL (the world's channel waits 30 s:
+# posting these is a change).
+CHANNEL_FIELDS = {"kinds": ["repair_awaiting_approval", "node_unhealthy"], "min_severity": "warning",
+         "signature_prefix": "", "enabled": "on", "group_wait_s": 60, "group_interval_s": 120,
+         "repeat_interval_s": 14400, "max_per_hour": 30, "send_resolved": "on"}
 
 TABLE = {
     # Exempt from sign-in, each with its own guard.
@@ -91,14 +97,15 @@ TABLE = {
     "clusterui:cluster_create": Row(
         get=needs(ADMINISTER, 200), post=needs(ADMINISTER, 302),
         data={"slug": "dev-l40s", "name": "dev-l40s", "gpus_per_node": 4,
-              "billing_rate_per_gpu_hour": "1.5", "scheduler": "none"}),
+              "billing_rate_per_gpu_hour": "1.5", "scheduler": "none",
+              "degraded_threshold_pct": 10}),
     "clusterui:audit": Row(get=needs(ADMINISTER, 200), post=not_allowed()),
     "clusterui:audit_csv": Row(get=needs(ADMINISTER, 200), post=not_allowed()),
     "clusterui:overview": Row(get=needs(VIEW, 200), post=not_allowed()),
     "clusterui:cluster_settings": Row(
         get=needs(VIEW, 200), post=needs(ADMINISTER, 302),
         data={"name": "prod-h200", "gpus_per_node": 8, "billing_rate_per_gpu_hour": "2.5",
-              "scheduler": "none"}),
+              "scheduler": "none", "degraded_threshold_pct": 10}),
     "clusterui:join_token_create": Row(get=not_allowed(), post=needs(ADMINISTER, 200),
                                        data={"note": "rack 12", "expires_in_hours": 24}),
     "clusterui:cluster_rejoin_open": Row(get=not_allowed(), post=needs(ADMINISTER, 302),
@@ -115,6 +122,19 @@ TABLE = {
     "clusterui:secrets": Row(get=needs(ADMINISTER, 200), post=needs(ADMINISTER, 302),
                              data={"name": "BMC_PASSWORD", "value": "s3cret", "description": ""}),
     "clusterui:secret_delete": Row(get=not_allowed(), post=needs(ADMINISTER, 302)),
+    # notifications (notifications/views.py)
+    "notifications:list": Row(get=needs(VIEW, 200), post=not_allowed()),
+    "notifications:create": Row(
+        get=needs(ADMINISTER, 200), post=needs(ADMINISTER, 302),
+        data={"name": "ops-mail", "kind": "apprise",
+              "url": "mailto://127.0.0.1:2525?mode=insecure&from=c@example.com&to=o@example.com",
+              **CHANNEL_FIELDS}),
+    "notifications:detail": Row(get=needs(VIEW, 200), post=needs(ADMINISTER, 302),
+                                data={"name": "ops-webhook", "url": "", **CHANNEL_FIELDS}),
+    "notifications:deliveries": Row(get=needs(VIEW, 200), post=not_allowed()),
+    "notifications:test": Row(get=not_allowed(), post=needs(ADMINISTER, 302)),
+    "notifications:rotate": Row(get=not_allowed(), post=needs(ADMINISTER, 200)),
+    "notifications:delete": Row(get=not_allowed(), post=needs(ADMINISTER, 302)),
     # nodes
     "nodes:list": Row(get=needs(VIEW, 200), post=not_allowed()),
     "nodes:detail": Row(get=needs(VIEW, 200), post=not_allowed()),
@@ -260,10 +280,13 @@ def world(cluster, settings):
     for body in ("#!/bin/bash\ntrue\n", "#!/bin/bash\necho up\n"):
         do_save_startup_script(cluster, event="node_boot", role="worker", body=body,
                                timeout_s=60, validation=Validation())
-    do_set_secret("IPMI_PASSWORD", "hunter2", actor=UserFactory(username="setter",
-                                                                role=Role.ADMIN))
+    setter = UserFactory(username="setter", role=Role.ADMIN)
+    do_set_secret("IPMI_PASSWORD", "hunter2", actor=setter)
+    channel, _ = do_create_channel(cluster, name="ops-webhook", kind="webhook",
+                                   url="https://hooks.example.com/clusterui",
+                                   rules=[{"kind": "repair_awaiting_approval"}], actor=setter)
     return {"slug": cluster.slug, "name": node.name, "event": event.public_id,
-            "secret": "IPMI_PASSWORD",
+            "secret": "IPMI_PASSWORD", "channel_id": channel.pk,
             "repair": repair.public_id, "join_token": join_token.public_id,
             "lifecycle": "node_boot", "role": "worker", "number": 1}
 

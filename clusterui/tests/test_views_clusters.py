@@ -9,7 +9,7 @@ NEW_CLUSTER = {
     "slug": "prod-b200", "name": "prod-b200", "region": "eu-north-1", "gpu_type": "NVIDIA B200",
     "gpus_per_node": 8, "driver_version": "580.95.05", "networking": "RoCE 400G",
     "os_image": "Ubuntu 24.04", "billing_rate_per_gpu_hour": "3.25", "scheduler": "slurm",
-    "scheduler_config": "/etc/slurm/slurm.conf",
+    "scheduler_config": "/etc/slurm/slurm.conf", "degraded_threshold_pct": 10,
 }
 
 

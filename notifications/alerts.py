@@ -1,0 +1,193 @@
+"""Alerts from the change feed: the notifier's reader (DESIGN.md "Data flow").
+
+Once per tick update_alerts() reads the changes it has not seen and, for each repair,
+health event, check run, script run and node-state change among them, opens or resolves
+the alert that thing calls for. It looks at the object as it is now, not at what the change
+said, so reading a change twice, or late, comes to the same alerts. The feed's cursor moves
+in the same transaction as the alerts, so a failure hands the same changes out again.
+
+Time alone makes a repair stuck: sweep_stuck_repairs() looks every tick at the repairs
+that have made no progress for CLUSTERUI_NOTIFY_REPAIR_STUCK_S.
+"""
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+from django.urls import reverse
+from django.utils import timezone
+
+from clusterui.changes import Kind, read_changes
+from clusterui.models import Cluster
+from healthchecks.models import CheckRun, HealthEvent
+from nodes.states import out_of_service
+from repairs.choices import Status
+from repairs.models import Repair
+from startup.models import ScriptRun
+
+from .choices import ONE_OFF_KINDS, AlertKind
+from .models import Alert
+
+NOTIFIER = "notifier"
+ACTIVE_REPAIR = (Status.APPROVED, Status.WAITING, Status.RUNNING)
+FAILED_CHECK = (CheckRun.Status.FAILED, CheckRun.Status.ERROR, CheckRun.Status.TIMED_OUT)
+
+
+def update_alerts(now=None):
+    """The notifier, once per tick. Returns how many alerts opened or resolved."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        changes = read_changes(NOTIFIER)
+        handlers = {Kind.REPAIR: _repair_changed, Kind.HEALTH_EVENT: _event_changed,
+                    Kind.CHECK_RUN: _check_run_changed, Kind.SCRIPT_RUN: _script_run_changed}
+        seen, moved = set(), 0
+        for change in changes:
+            if change.kind == Kind.NODE_STATE:
+                key = (Kind.NODE_STATE, change.cluster_id)
+                handler = _cluster_states_changed
+                argument = change.cluster_id
+            elif change.kind in handlers and change.object_id.isdigit():
+                key = (change.kind, change.object_id)
+                handler = handlers[change.kind]
+                argument = int(change.object_id)
+            else:
+                continue
+            if key not in seen:
+                seen.add(key)
+                moved += handler(argument, now)
+    return moved + sweep_stuck_repairs(now)
+
+
+def open_alert(cluster_id, kind, key, *, summary, path, now, node=None, signature="",
+               severity=""):
+    """Open the alert unless one is firing for the key (or, for a one-off kind, unless it
+    was ever opened). 1 when it opened, else 0."""
+    alerts = Alert.objects.filter(cluster_id=cluster_id, kind=kind, key=key)
+    if kind not in ONE_OFF_KINDS:
+        alerts = alerts.firing()
+    if alerts.exists():
+        return 0
+    try:
+        with transaction.atomic():  # a concurrent sweep may open the same one
+            Alert.objects.create(
+                cluster_id=cluster_id, kind=kind, key=key, summary=summary[:300], path=path,
+                opened_at=now, node_id=node.pk if node else None,
+                node_name=node.name if node else "", signature=signature, severity=severity)
+    except IntegrityError:
+        return 0
+    return 1
+
+
+def resolve_alert(cluster_id, kind, key, now):
+    return Alert.objects.firing().filter(cluster_id=cluster_id, kind=kind, key=key).update(
+        resolved_at=now)
+
+
+def _repair_changed(repair_id, now):
+    repair = Repair.objects.select_related("node", "cluster").filter(pk=repair_id).first()
+    if repair is None:
+        return 0
+    key = f"repair:{repair.pk}"
+    moved = 0
+    path = repair.get_absolute_url()
+    node = repair.node
+    if repair.status == Status.PROPOSED:
+        moved += open_alert(
+            repair.cluster_id, AlertKind.REPAIR_AWAITING_APPROVAL, key, now=now, node=node,
+            signature=repair.signature, path=path,
+            summary=f"{node.name}: {repair.action} recommended for {repair.signature} "
+                    f"(repair #{repair.pk}); approve or reject it")
+    else:
+        moved += resolve_alert(repair.cluster_id, AlertKind.REPAIR_AWAITING_APPROVAL, key, now)
+    if repair.status not in ACTIVE_REPAIR:
+        moved += resolve_alert(repair.cluster_id, AlertKind.REPAIR_STUCK, key, now)
+    if repair.status == Status.FAILED:
+        moved += open_alert(
+            repair.cluster_id, AlertKind.REPAIR_FAILED, key, now=now, node=node,
+            signature=repair.signature, path=path,
+            summary=f"{node.name}: repair #{repair.pk} ({repair.action}) failed: "
+                    f"{repair.outcome or 'no reason recorded'}")
+    return moved
+
+
+def _event_changed(event_id, now):
+    event = HealthEvent.objects.select_related("node", "node__cluster", "gpu").filter(
+        pk=event_id).first()
+    if event is None:
+        return 0
+    node = event.node
+    key = f"event:{event.pk}"
+    if event.closed_at is not None:
+        return resolve_alert(node.cluster_id, AlertKind.NODE_UNHEALTHY, key, now)
+    where = f" on GPU {event.gpu.index}" if event.gpu is not None else ""
+    message = f": {event.message}" if event.message else ""
+    return open_alert(
+        node.cluster_id, AlertKind.NODE_UNHEALTHY, key, now=now, node=node,
+        signature=event.signature, severity=event.severity, path=node.get_absolute_url(),
+        summary=f"{node.name}: {event.signature} ({event.severity}){where}{message}")
+
+
+def _check_run_changed(run_id, now):
+    run = CheckRun.objects.select_related("node", "node__cluster").filter(pk=run_id).first()
+    if run is None or run.purpose != CheckRun.Purpose.ACCEPTANCE or run.status not in FAILED_CHECK:
+        return 0
+    node = run.node
+    return open_alert(
+        node.cluster_id, AlertKind.ACCEPTANCE_FAILED, f"checkrun:{run.pk}", now=now, node=node,
+        signature=run.check_name, path=node.get_absolute_url(),
+        summary=f"{node.name}: acceptance test {run.check_name} {run.get_status_display()}"
+                f"{': ' + run.message if run.message else ''}")
+
+
+def _script_run_changed(run_id, now):
+    run = ScriptRun.objects.select_related("node", "node__cluster", "script").filter(
+        pk=run_id).first()
+    if run is None or run.succeeded:
+        return 0
+    node = run.node
+    how = "timed out" if run.timed_out else f"exited {run.exit_code}"
+    job = f" (job {run.job_id})" if run.job_id else ""
+    return open_alert(
+        node.cluster_id, AlertKind.SCRIPT_FAILED, f"scriptrun:{run.pk}", now=now, node=node,
+        signature=run.event, path=node.get_absolute_url(),
+        summary=f"{node.name}: {run.get_event_display()} script version "
+                f"{run.version_number} {how}{job}")
+
+
+def _cluster_states_changed(cluster_id, now):
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    if cluster is None:
+        return 0
+    out, total = out_of_service(cluster)
+    if not cluster.is_degraded(out, total):
+        return resolve_alert(cluster.pk, AlertKind.CLUSTER_DEGRADED, "cluster", now)
+    return open_alert(
+        cluster.pk, AlertKind.CLUSTER_DEGRADED, "cluster", now=now,
+        path=reverse("clusterui:overview", args=[cluster.slug]),
+        summary=f"{cluster.name} is degraded: {out} of {total} nodes are out of service "
+                f"(paused or unhealthy), over its {cluster.degraded_threshold_pct} % threshold")
+
+
+def sweep_stuck_repairs(now):
+    """Open an alert for each approved, waiting or running repair with no progress (no
+    move, no step started or finished) for CLUSTERUI_NOTIFY_REPAIR_STUCK_S."""
+    cutoff = now - timedelta(seconds=settings.CLUSTERUI_NOTIFY_REPAIR_STUCK_S)
+    repairs = (Repair.objects.filter(status__in=ACTIVE_REPAIR)
+               .annotate(moved_at=Max("transitions__at"), step_started=Max("steps__started_at"),
+                         step_finished=Max("steps__finished_at"))
+               .select_related("node", "cluster"))
+    opened = 0
+    for repair in repairs:
+        progress = max(at for at in (repair.moved_at, repair.step_started, repair.step_finished,
+                                     repair.requested_at) if at is not None)
+        if progress > cutoff:
+            continue
+        waiting = f": {repair.waiting_reason}" if repair.waiting_reason else ""
+        opened += open_alert(
+            repair.cluster_id, AlertKind.REPAIR_STUCK, f"repair:{repair.pk}", now=now,
+            node=repair.node, signature=repair.signature, path=repair.get_absolute_url(),
+            summary=f"{repair.node.name}: repair #{repair.pk} ({repair.action}) has been "
+                    f"{repair.get_status_display()} with no progress since "
+                    f"{timezone.localtime(progress):%Y-%m-%d %H:%M}{waiting}")
+    return opened

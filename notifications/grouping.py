@@ -1,0 +1,122 @@
+"""Which messages to send: alerts grouped per channel, as Alertmanager groups them.
+
+A channel's alerts fall into groups: one per kind, and for unhealthy nodes one per
+signature (a storm of 200 throttling nodes is one message listing them; an Xid 79 among
+them is a message of its own). For each group, every tick:
+
+- a group not notified yet sends once its oldest alert has waited group_wait (more alerts
+  join it meanwhile);
+- a notified group whose alerts changed (some opened, some resolved) sends what changed,
+  group_interval after its last message; when all have resolved, a resolved message (if
+  the channel sends those);
+- a notified group still firing, unchanged, sends again after repeat_interval.
+
+A channel sends at most max_per_hour messages (test messages aside): past that a message
+waits, and its group goes on gathering alerts, so the message that goes out later says
+where things stand then. One-off alerts (a failed repair) are resolved once a message
+carried them.
+"""
+
+from collections import defaultdict
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from healthchecks.choices import Severity
+
+from .choices import ONE_OFF_KINDS, AlertKind
+from .deliveries import create_delivery
+from .messages import alert_message
+from .models import Alert, Channel, Delivery, NotificationGroup
+
+SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
+
+
+def group_key(alert):
+    if alert.kind == AlertKind.NODE_UNHEALTHY:
+        return f"{alert.kind}:{alert.signature}"
+    return alert.kind
+
+
+def rule_matches(rule, alert):
+    if rule.kind != alert.kind:
+        return False
+    if alert.kind != AlertKind.NODE_UNHEALTHY:
+        return True
+    return (SEVERITY_RANK.get(alert.severity, 0) >= SEVERITY_RANK[rule.min_severity]
+            and alert.signature.startswith(rule.signature_prefix))
+
+
+def plan_deliveries(now=None):
+    """Every enabled channel's due messages. Returns how many were planned."""
+    now = now or timezone.now()
+    planned = 0
+    for channel_id in Channel.objects.filter(enabled=True).values_list("pk", flat=True):
+        with transaction.atomic():
+            planned += plan_channel(channel_id, now)
+    return planned
+
+
+def sent_in_the_last_hour(channel, now):
+    return (Delivery.objects.filter(channel=channel, created_at__gt=now - timedelta(hours=1))
+            .exclude(event_type="test").count())
+
+
+def plan_channel(channel_id, now):
+    # The channel's row lock: two planners at once plan each message once.
+    channel = (Channel.objects.select_for_update().select_related("cluster")
+               .filter(pk=channel_id, enabled=True).first())
+    if channel is None:
+        return 0
+    rules = list(channel.rules.all())
+    groups = {group.key: group for group in channel.groups.all()}
+    firing = defaultdict(list)
+    for alert in Alert.objects.firing().filter(cluster_id=channel.cluster_id,
+                                               kind__in={rule.kind for rule in rules}):
+        if any(rule_matches(rule, alert) for rule in rules):
+            firing[group_key(alert)].append(alert)
+    budget = channel.max_per_hour - sent_in_the_last_hour(channel, now)
+    planned = 0
+    keys = set(firing) | {key for key, group in groups.items() if group.notified_alert_ids}
+    for key in sorted(keys):
+        if budget <= 0:
+            break
+        group = groups.get(key) or NotificationGroup(channel=channel, key=key)
+        if plan_group(channel, group, firing.get(key, []), now):
+            planned += 1
+            budget -= 1
+    return planned
+
+
+def plan_group(channel, group, firing, now):
+    """Plan the group's message if one is due; True when it did."""
+    notified = set(group.notified_alert_ids)
+    firing_ids = {alert.pk for alert in firing}
+    last = group.last_planned_at
+    if not notified:
+        if not firing:
+            return False
+        due = min(alert.opened_at for alert in firing) + timedelta(seconds=channel.group_wait_s)
+    elif firing_ids != notified:
+        due = last + timedelta(seconds=channel.group_interval_s)
+    elif firing:
+        due = last + timedelta(seconds=channel.repeat_interval_s)
+    else:
+        return False
+    if now < due:
+        return False
+    resolved = list(Alert.objects.filter(pk__in=notified - firing_ids)) if notified else []
+    group.notified_alert_ids = sorted(alert.pk for alert in firing
+                                      if alert.kind not in ONE_OFF_KINDS)
+    group.last_planned_at = now
+    group.save()
+    if not firing and not channel.send_resolved:
+        return False
+    one_offs = [alert.pk for alert in firing if alert.kind in ONE_OFF_KINDS]
+    if one_offs:
+        Alert.objects.filter(pk__in=one_offs).update(resolved_at=now)
+    shown_resolved = resolved if channel.send_resolved else []
+    create_delivery(channel, alert_message(channel, group.key, firing, shown_resolved, now),
+                    group_key=group.key, now=now)
+    return True

@@ -1,0 +1,142 @@
+"""Alerts from the change feed: each kind opens when its condition starts and resolves when
+it ends, whatever order or how often the changes are read."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from clusterui.changes import Kind, record_change
+from healthchecks.models import CheckRun
+from healthchecks.services import do_close_health_event, do_record_health_event
+from nodes.choices import NodeState
+from nodes.services import do_pause_node, do_resume_node
+from nodes.tests.factories import NodeFactory
+from notifications.alerts import update_alerts
+from notifications.choices import AlertKind
+from notifications.models import Alert
+from repairs.choices import Status
+from repairs.models import RepairTransition
+from repairs.tests.factories import RepairFactory
+from startup.models import ScriptRun
+
+pytestmark = pytest.mark.django_db
+
+
+def announce(repair):
+    record_change(Kind.REPAIR, cluster_id=repair.cluster_id, node_id=repair.node_id,
+                  object_id=repair.pk)
+
+
+def firing(kind):
+    return list(Alert.objects.firing().filter(kind=kind))
+
+
+def test_a_proposed_repair_fires_until_someone_decides(cluster):
+    repair = RepairFactory(node=NodeFactory(cluster=cluster, name="gpu-0007"))
+    announce(repair)
+    update_alerts()
+    [alert] = firing(AlertKind.REPAIR_AWAITING_APPROVAL)
+    assert alert.node_name == "gpu-0007" and alert.signature == "xid:79"
+    assert alert.path == repair.get_absolute_url()
+    assert "reboot recommended for xid:79" in alert.summary
+
+    announce(repair)  # read again: still one
+    update_alerts()
+    assert len(firing(AlertKind.REPAIR_AWAITING_APPROVAL)) == 1
+
+    repair.status = Status.APPROVED
+    repair.save()
+    announce(repair)
+    update_alerts()
+    assert firing(AlertKind.REPAIR_AWAITING_APPROVAL) == []
+    assert Alert.objects.get(pk=alert.pk).resolved_at is not None
+
+
+def test_a_failed_repair_is_one_alert_however_often_it_is_read(cluster):
+    repair = RepairFactory(node=NodeFactory(cluster=cluster), status=Status.FAILED,
+                           outcome="the node did not come back in 1800 s")
+    for _ in range(2):
+        announce(repair)
+        update_alerts()
+    [alert] = Alert.objects.filter(kind=AlertKind.REPAIR_FAILED)
+    assert "did not come back" in alert.summary
+    Alert.objects.filter(pk=alert.pk).update(resolved_at=timezone.now())  # sent
+    announce(repair)
+    update_alerts()
+    assert Alert.objects.filter(kind=AlertKind.REPAIR_FAILED).count() == 1
+
+
+def test_an_open_event_fires_and_its_close_resolves_it(cluster):
+    node = NodeFactory(cluster=cluster, name="gpu-0003")
+    event = do_record_health_event(node, signature="thermal_throttle", severity="warning",
+                                   message="held 60 s")
+    update_alerts()
+    [alert] = firing(AlertKind.NODE_UNHEALTHY)
+    assert (alert.signature, alert.severity) == ("thermal_throttle", "warning")
+    assert alert.path == node.get_absolute_url() and "held 60 s" in alert.summary
+
+    do_close_health_event(event, reason="cleared")
+    update_alerts()
+    assert firing(AlertKind.NODE_UNHEALTHY) == []
+
+
+def test_the_cluster_is_degraded_over_its_threshold_and_recovers(cluster, setter):
+    cluster.degraded_threshold_pct = 20
+    cluster.save()
+    nodes = [NodeFactory(cluster=cluster) for _ in range(10)]
+    for node in nodes[:2]:  # 20 %: not over
+        do_pause_node(node, actor=None, reason="reseat")
+    update_alerts()
+    assert firing(AlertKind.CLUSTER_DEGRADED) == []
+
+    do_pause_node(nodes[2], actor=None, reason="reseat")
+    update_alerts()
+    [alert] = firing(AlertKind.CLUSTER_DEGRADED)
+    assert "3 of 10 nodes are out of service" in alert.summary
+
+    for node in nodes[:3]:
+        do_resume_node(node, actor=setter)
+    update_alerts()
+    assert firing(AlertKind.CLUSTER_DEGRADED) == []
+
+
+def test_a_failed_acceptance_test_and_a_failed_startup_script_are_alerts(cluster):
+    node = NodeFactory(cluster=cluster, state=NodeState.PENDING)
+    now = timezone.now()
+    run = CheckRun.objects.create(node=node, check_name="gpu_burn", purpose="acceptance",
+                                  status=CheckRun.Status.FAILED, message="412 TFLOPS < 600",
+                                  requested_at=now, deadline_at=now)
+    record_change(Kind.CHECK_RUN, cluster_id=cluster.pk, node_id=node.pk, object_id=run.pk)
+    script_run = ScriptRun.objects.create(node=node, event="node_boot", exit_code=3,
+                                          duration_s=1.5, version_number=4, received_at=now)
+    record_change(Kind.SCRIPT_RUN, cluster_id=cluster.pk, node_id=node.pk,
+                  object_id=script_run.pk)
+    passed = ScriptRun.objects.create(node=node, event="job_end", exit_code=0, duration_s=1,
+                                      received_at=now)
+    record_change(Kind.SCRIPT_RUN, cluster_id=cluster.pk, node_id=node.pk, object_id=passed.pk)
+    update_alerts()
+    [acceptance] = Alert.objects.filter(kind=AlertKind.ACCEPTANCE_FAILED)
+    assert "gpu_burn failed: 412 TFLOPS < 600" in acceptance.summary
+    [script] = Alert.objects.filter(kind=AlertKind.SCRIPT_FAILED)
+    assert "version 4 exited 3" in script.summary
+
+
+def test_a_repair_with_no_progress_for_an_hour_is_stuck_until_it_moves(cluster, settings):
+    settings.CLUSTERUI_NOTIFY_REPAIR_STUCK_S = 3600
+    long_ago = timezone.now() - timedelta(hours=2)
+    repair = RepairFactory(node=NodeFactory(cluster=cluster), status=Status.WAITING,
+                           requested_at=long_ago, waiting_reason="3 of 10 nodes are out")
+    RepairTransition.objects.create(repair=repair, from_status="proposed", to_status="waiting",
+                                    actor_name="ada", at=long_ago)
+    fresh = RepairFactory(node=NodeFactory(cluster=cluster), status=Status.RUNNING)
+    update_alerts()
+    [alert] = firing(AlertKind.REPAIR_STUCK)
+    assert alert.key == f"repair:{repair.pk}" and "3 of 10 nodes are out" in alert.summary
+    assert fresh.pk not in [int(a.key.split(":")[1]) for a in firing(AlertKind.REPAIR_STUCK)]
+
+    repair.status = Status.SUCCEEDED
+    repair.save()
+    announce(repair)
+    update_alerts()
+    assert firing(AlertKind.REPAIR_STUCK) == []
