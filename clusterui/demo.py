@@ -41,6 +41,9 @@ from nodes.services import (
     do_resume_node,
 )
 from nodes.states import boot_window, refresh_due_node_states
+from notifications.choices import AlertKind
+from notifications.models import Channel
+from notifications.services import do_create_channel, do_rotate_signing_key
 from repairs.models import RepairSettings
 
 from agent.backends.simulated import SimulatedBackend
@@ -492,3 +495,31 @@ def prepare_fleet(fleet_dir):
         else:
             inject.unlink(missing_ok=True)
     return cluster.nodes.count()
+
+
+# The demo's notification channel: a signed webhook to scripts/demo_receiver.py on loopback,
+# so a newcomer sees a message arrive (var/notifications.log).
+DEMO_CHANNEL = "demo receiver"
+
+
+def prepare_receiver(url, key_file):
+    """The demo cluster's channel to the demo receiver at `url`, hearing of every kind; its
+    signing key in `key_file` (mode 600) for the receiver to verify with. A key file that
+    is gone gets a new key (the channel's is shown only once)."""
+    cluster = Cluster.objects.get(slug=CLUSTER_SLUG)
+    admin = get_user_model().objects.get(username="admin")
+    key_file = Path(key_file)
+    channel = Channel.objects.filter(cluster=cluster, name=DEMO_CHANNEL).first()
+    if channel is None:
+        channel, key = do_create_channel(
+            cluster, name=DEMO_CHANNEL, kind=Channel.Kind.WEBHOOK, url=url, actor=admin,
+            group_wait_s=10, rules=[{"kind": kind} for kind in AlertKind.values])
+    elif not key_file.exists():
+        key = do_rotate_signing_key(channel, actor=admin)
+    else:
+        return channel
+    key_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key_file.touch(mode=0o600)
+    key_file.write_text(key + "\n")
+    return channel
+

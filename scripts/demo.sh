@@ -30,6 +30,8 @@ export CLUSTERUI_MODE=embedded
 export PYTHONUNBUFFERED=1
 HOST=127.0.0.1
 PORT=${DEMO_PORT:-8000}
+RECEIVER_PORT=${DEMO_RECEIVER_PORT:-8025}
+export CLUSTERUI_PUBLIC_URL=${CLUSTERUI_PUBLIC_URL:-http://$HOST:$PORT}
 DATA_DIR=${CLUSTERUI_DATA_DIR:-var}
 
 log() { printf '==> %s\n' "$*"; }
@@ -46,7 +48,9 @@ log "migrating the database ($DATA_DIR/clusterui.sqlite3)"
 "$PY" manage.py migrate --no-input -v 0
 log "seeding the demo cluster"
 FLEET_DIR="$DATA_DIR/fleet"
-"$PY" manage.py seed_demo ${DEMO_RESET:+--reset} --fleet-dir "$FLEET_DIR"
+RECEIVER_KEY="$DATA_DIR/demo-receiver/signing.key"
+"$PY" manage.py seed_demo ${DEMO_RESET:+--reset} --fleet-dir "$FLEET_DIR" \
+    --receiver-url "http://$HOST:$RECEIVER_PORT/clusterui" --receiver-key-file "$RECEIVER_KEY"
 
 # --- children --------------------------------------------------------------------------------
 # Each child runs in its own process group, so the terminal's Ctrl-C reaches only this script,
@@ -116,14 +120,17 @@ trap '[ "$stopping" -eq 1 ] || [ "${#pids[@]}" -eq 0 ] || stop_all 1' EXIT
 start sweeps "$PY" -m celery -A clusterui worker --loglevel=WARNING --concurrency=1 \
     --queues sweeps --hostname "sweeps@%h"
 start worker "$PY" -m celery -A clusterui worker --loglevel=WARNING --concurrency=1 \
-    --queues celery,provider --hostname "worker@%h"
+    --queues celery,provider,notify --hostname "worker@%h"
 start beat "$PY" -m celery -A clusterui beat --loglevel=WARNING \
     --schedule "$DATA_DIR/celerybeat-schedule"
+# The notification receiver the seeded channel "demo receiver" posts its signed webhooks to.
+start receiver "$PY" scripts/demo_receiver.py --port "$RECEIVER_PORT" --key-file "$RECEIVER_KEY" \
+    --log "$DATA_DIR/notifications.log"
 start daphne "$PY" -m daphne -b "$HOST" -p "$PORT" clusterui.asgi:application
 
 for _ in $(seq 1 60); do
     port_open && break
-    alive "${pids[2]}" || break
+    alive "${pids[4]}" || break
     sleep 0.5
 done
 
@@ -140,7 +147,8 @@ if port_open; then
              or admin / admin   (admin)
 
     64 simulated agents report live; in a minute or two gpu-040 throttles (thermal)
-    and gpu-012 loses GPU 3 (Xid 79).
+    and gpu-012 loses GPU 3 (Xid 79). Notifications of them (a signed webhook
+    to a local receiver) land in $DATA_DIR/notifications.log.
     Ctrl-C stops the console, the agents, the Celery worker and beat.
 
 EOF

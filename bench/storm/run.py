@@ -194,7 +194,7 @@ class Processes:
                            "--concurrency=1", "--queues", "sweeps",
                            "--hostname", "bench-sweeps@%h"]),
             "worker": (1, [PY, "-m", "celery", "-A", "clusterui", "worker", "--loglevel=WARNING",
-                           "--concurrency=1", "--queues", "celery,provider",
+                           "--concurrency=1", "--queues", "celery,provider,notify",
                            "--hostname", "bench-worker@%h"]),
             "beat": (1, [PY, "-m", "celery", "-A", "clusterui", "beat", "--loglevel=WARNING",
                          "--schedule", str(workdir / "celerybeat-schedule")]),

@@ -23,17 +23,27 @@ class Command(BaseCommand):
             help="also prepare the state dirs of the simulated agents (python -m agent.fleet)",
         )
         parser.add_argument(
+            "--receiver-url", metavar="URL",
+            help="also add the channel 'demo receiver', a signed webhook to this URL "
+                 "(scripts/demo_receiver.py), its signing key written to --receiver-key-file")
+        parser.add_argument("--receiver-key-file", metavar="FILE")
+        parser.add_argument(
             "--dry-run", action="store_true",
             help="do everything in a transaction, report, and roll it back",
         )
 
-    def handle(self, *args, reset=False, dry_run=False, fleet_dir=None, **options):
+    def handle(self, *args, reset=False, dry_run=False, fleet_dir=None, receiver_url=None,
+               receiver_key_file=None, **options):
+        if receiver_url and not receiver_key_file:
+            raise CommandError("--receiver-url needs --receiver-key-file")
         started = time.monotonic()
         try:
             with transaction.atomic():
                 result = demo.seed(reset=reset)
                 if fleet_dir and not dry_run:
                     demo.prepare_fleet(fleet_dir)
+                if receiver_url and not dry_run:
+                    demo.prepare_receiver(receiver_url, receiver_key_file)
                 if dry_run:
                     transaction.set_rollback(True)
         except demo.NotEmbedded as exc:
