@@ -251,3 +251,23 @@ def test_it_prepares_the_simulated_fleet(embedded, tmp_path):
     assert (tmp_path / "gpu-012" / "inject").read_text().strip() == demo.FLEET_FAULTS["gpu-012"]
     assert not (tmp_path / "gpu-001" / "inject").exists()
     assert node.state == "healthy"  # the faults land on healthy nodes
+
+
+def test_the_demo_channel_posts_to_the_receiver_with_a_key_in_a_file(embedded, tmp_path):
+    from clusterui.secrets import value_of
+    from notifications.models import Channel
+
+    seed()
+    key_file = tmp_path / "receiver" / "signing.key"
+    channel = demo.prepare_receiver("http://127.0.0.1:8025/clusterui", key_file)
+    key = key_file.read_text().strip()
+    assert key == value_of(channel.signing_secret) and key_file.stat().st_mode & 0o777 == 0o600
+    assert value_of(channel.url_secret) == "http://127.0.0.1:8025/clusterui"
+    assert channel.rules.count() == 7
+
+    assert demo.prepare_receiver("http://127.0.0.1:8025/clusterui", key_file) == channel
+    assert key_file.read_text().strip() == key  # kept
+
+    key_file.unlink()  # lost: the channel gets a new key, the receiver the file
+    demo.prepare_receiver("http://127.0.0.1:8025/clusterui", key_file)
+    assert key_file.read_text().strip() == value_of(Channel.objects.get().signing_secret) != key

@@ -172,3 +172,14 @@ def test_it_says_how_many_repairs_await_approval(client_for, viewer, cluster):
     for node in NodeFactory.create_batch(2, cluster=cluster):
         RepairFactory(node=node)
     assert "2 repairs await approval" in client_for(viewer).get(url).text
+
+
+def test_it_says_when_the_cluster_is_degraded(client_for, viewer, cluster):
+    add_nodes(cluster, 9)
+    add_nodes(cluster, 1, state=NodeState.UNHEALTHY, start=9)
+    assert 'id="degraded"' not in client_for(viewer).get(overview_url(cluster)).text  # 10 %
+
+    add_nodes(cluster, 1, state=NodeState.PAUSED, start=10)
+    response = client_for(viewer).get(overview_url(cluster))
+    assert response.context["degraded"] == {"out": 2, "total": 11}
+    assert "Degraded: 2 of 11 nodes are out of service" in response.text
