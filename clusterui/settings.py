@@ -149,6 +149,7 @@ INSTALLED_APPS = [
     "repairs",
     "startup",
     "notifications",
+    "api",
 ]
 
 MIDDLEWARE = [
@@ -463,6 +464,9 @@ CELERY_BEAT_SCHEDULE = {
 # operators' browsers use; behind a proxy, the public URL). A repair with no progress for
 # this long counts as stuck.
 CLUSTERUI_PUBLIC_URL = envstr("CLUSTERUI_PUBLIC_URL", "http://localhost:8000")
+# The API (/api/v1/): requests a minute per token, and the longest life of a new token.
+CLUSTERUI_API_RATE_PER_MIN = envint("CLUSTERUI_API_RATE_PER_MIN", 600)
+CLUSTERUI_API_TOKEN_MAX_DAYS = envint("CLUSTERUI_API_TOKEN_MAX_DAYS", 365)
 CLUSTERUI_NOTIFY_REPAIR_STUCK_S = envint("CLUSTERUI_NOTIFY_REPAIR_STUCK_S", 3600)
 
 # The first job import of a cluster reads this many days of Slurm's accounting.

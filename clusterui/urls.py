@@ -1,6 +1,8 @@
 from django.contrib.auth.decorators import login_not_required
 from django.urls import include, path
 
+from api import views as api_views
+from api.urls import urlpatterns as api_patterns
 from nodes.views import metrics
 
 from . import accounts, oidc, views
@@ -41,6 +43,10 @@ urlpatterns = [
     path("oidc/callback/", login_not_required(oidc.CallbackView.as_view()),
          name="oidc_authentication_callback"),
     path("metrics", metrics, name="metrics"),
+    path("api/v1/", include((api_patterns, "api"))),
+    path("account/api-tokens/", api_views.token_list, name="api_tokens"),
+    path("account/api-tokens/<str:prefix>/revoke/", api_views.token_revoke,
+         name="api_token_revoke"),
     path("healthz", views.healthz, name="healthz"),
     path("", include((cluster_patterns, "clusterui"))),
     path("c/<slug:slug>/nodes/", include("nodes.urls")),

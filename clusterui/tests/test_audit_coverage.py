@@ -118,6 +118,8 @@ AUDITED = {
     "notifications:test": Audited("notification_channel.test", "notifications.channel"),
     "notifications:rotate": Audited("notification_channel.rotate_key", "notifications.channel"),
     "notifications:delete": Audited("notification_channel.delete", "notifications.channel"),
+    "api_tokens": Audited("apitoken.create", "api.apitoken"),
+    "api_token_revoke": Audited("apitoken.revoke", "api.apitoken"),
     "logout": Audited("user.sign_out", "auth.user"),
 }
 # Sign-ins are posted by someone not yet signed in: their entries (who, from where, refused

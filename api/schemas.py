@@ -1,0 +1,182 @@
+"""What the API answers and takes: the OpenAPI schema is generated from these."""
+
+from datetime import datetime
+from uuid import UUID
+
+from ninja import Field, Schema
+
+
+class Problem(Schema):
+    """An error, as RFC 9457 problem details (application/problem+json)."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str = ""
+
+
+class ClusterOut(Schema):
+    slug: str
+    name: str
+    region: str
+    gpu_type: str
+    gpus_per_node: int
+    scheduler: str
+    degraded_threshold_pct: int
+    nodes: int
+    nodes_by_state: dict[str, int]
+
+
+class LiveNumbers(Schema):
+    util_mean: float | None
+    util_max: float | None
+    mem_used_bytes: int | None
+    mem_total_bytes: int | None
+    mem_used_pct: float | None
+    temp_max: float | None
+    power_w: float | None
+
+
+class NodeOut(Schema):
+    name: str
+    hostname: str
+    state: str
+    role: str
+    paused: bool
+    gpus: int
+    boot_id: str
+    last_seen: datetime | None
+    worst_signal: str = ""
+    live: LiveNumbers | None = None
+
+
+class EventOut(Schema):
+    id: UUID = Field(..., alias="public_id")
+    node: str
+    gpu: int | None
+    signature: str
+    severity: str
+    source: str
+    message: str
+    count: int
+    first_seen: datetime
+    last_seen: datetime
+    closed_at: datetime | None
+    closed_reason: str
+    acknowledged_at: datetime | None
+
+
+class CheckRunOut(Schema):
+    id: UUID = Field(..., alias="public_id")
+    node: str
+    check: str
+    purpose: str
+    status: str
+    message: str
+    metrics: dict
+    requested_at: datetime
+    finished_at: datetime | None
+
+
+class RepairOut(Schema):
+    id: UUID = Field(..., alias="public_id")
+    number: int
+    node: str
+    action: str
+    status: str
+    signature: str
+    reason: str
+    requested_at: datetime
+    reviewed_by: str | None
+    reviewed_at: datetime | None
+    review_comment: str
+    auto_approved: bool
+    waiting_reason: str
+    started_at: datetime | None
+    finished_at: datetime | None
+    outcome: str
+    url: str
+
+
+class JobOut(Schema):
+    job_id: str
+    name: str
+    user: str
+    account: str
+    partition: str
+    node_list: str
+    gpus: int
+    state: str
+    exit_code: str
+    start: datetime | None
+    end: datetime | None
+    elapsed_s: int
+
+
+class AuditOut(Schema):
+    at: datetime
+    actor: str
+    action: str
+    object_type: str
+    object_id: str
+    object: str
+    cluster: str | None
+    source_ip: str | None
+    changes: dict
+
+
+class Page(Schema):
+    count: int
+    page: int
+    pages: int
+
+
+class NodePage(Page):
+    items: list[NodeOut]
+
+
+class EventPage(Page):
+    items: list[EventOut]
+
+
+class CheckRunPage(Page):
+    items: list[CheckRunOut]
+
+
+class RepairPage(Page):
+    items: list[RepairOut]
+
+
+class JobPage(Page):
+    items: list[JobOut]
+
+
+class AuditPage(Page):
+    items: list[AuditOut]
+
+
+class Comment(Schema):
+    comment: str = ""
+
+
+class Abort(Schema):
+    comment: str
+    resume_node: bool = False
+
+
+class Propose(Schema):
+    action: str
+    reason: str
+
+
+class Pause(Schema):
+    reason: str
+
+
+class RunCheck(Schema):
+    check: str
+
+
+class Silence(Schema):
+    hours: float
+    reason: str

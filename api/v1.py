@@ -1,0 +1,450 @@
+"""The JSON API, /api/v1/ (django-ninja; the OpenAPI schema is at /api/v1/openapi.json).
+
+A request carries a per-user API token (`Authorization: Bearer cui_...`, made on the API
+tokens page) and acts as its user, with the user's role: the same services as the pages do
+the work and write the same audit rows. A write the role does not allow is answered 403
+and is on the audit trail too. Lists take the same filters as the pages. Errors are RFC
+9457 problem details. Each token has a rate limit (CLUSTERUI_API_RATE_PER_MIN).
+"""
+
+import json
+import math
+from uuid import UUID
+
+from django.conf import settings
+from django.core.paginator import Paginator
+from django.db.models import Count, Q
+from django.http import Http404, HttpResponse, QueryDict
+from django.shortcuts import get_object_or_404
+from ninja import NinjaAPI, Router
+from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationError
+from ninja.security import HttpBearer
+from ninja.throttling import AuthRateThrottle
+
+from clusterui.models import AuditEntry, Cluster
+from clusterui.roles import Role, has_role
+from clusterui.services import record_audit
+from healthchecks.filters import CheckRunFilter, HealthEventFilter
+from healthchecks.forms import RunCheckForm, SilenceForm
+from healthchecks.models import CheckRun, HealthEvent
+from healthchecks.queries import worst_open_signals
+from healthchecks.services import do_acknowledge_event, do_request_checks, do_silence_signature
+from jobs.models import Job
+from nodes.filters import NodeFilter
+from nodes.models import Node
+from nodes.queries import live_numbers
+from nodes.services import do_pause_node, do_resume_node
+from repairs.choices import Action
+from repairs.filters import RepairHistoryFilter
+from repairs.models import Repair
+from repairs.services import (
+    RepairRefused,
+    do_approve_repair,
+    do_cancel_repair,
+    do_propose_repair,
+    do_reject_repair,
+)
+from repairs.steps import do_abort_repair
+from repairs.transitions import Conflict, InvalidTransition
+
+from . import schemas
+from .tokens import find_usable_token
+
+PAGE_SIZE = 100
+PROBLEM = "application/problem+json"
+
+
+class Forbidden(Exception):
+    pass
+
+
+class TokenAuth(HttpBearer):
+    def authenticate(self, request, token):
+        api_token = find_usable_token(token)
+        if api_token is None:
+            return None
+        request.user = api_token.user
+        return api_token
+
+
+api = NinjaAPI(
+    title="clusterui", version="1", urls_namespace="api",
+    description=__doc__, auth=TokenAuth(), docs_url=None,
+    throttle=[AuthRateThrottle(f"{settings.CLUSTERUI_API_RATE_PER_MIN}/min")],
+)
+
+
+def problem(status, title, detail="", **extra):
+    body = {"type": "about:blank", "title": title, "status": status, "detail": detail, **extra}
+    return HttpResponse(json.dumps(body), status=status, content_type=PROBLEM)
+
+
+@api.exception_handler(AuthenticationError)
+def unauthenticated(request, exc):
+    response = problem(401, "Unauthorized", "Send a usable API token: Authorization: Bearer "
+                                            "cui_... (made on the console's API tokens page).")
+    response["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+@api.exception_handler(Forbidden)
+def forbidden(request, exc):
+    return problem(403, "Forbidden", str(exc))
+
+
+@api.exception_handler(Throttled)
+def throttled(request, exc):
+    response = problem(429, "Too Many Requests",
+                       f"This token's limit is {settings.CLUSTERUI_API_RATE_PER_MIN} requests "
+                       f"a minute; try again in {math.ceil(exc.wait or 1)} s.")
+    response["Retry-After"] = str(math.ceil(exc.wait or 1))
+    return response
+
+
+@api.exception_handler(ValidationError)
+def invalid(request, exc):
+    return problem(422, "Unprocessable Content", "The request's fields are not valid.",
+                   errors=json.loads(json.dumps(exc.errors, default=str)))
+
+
+@api.exception_handler(Http404)
+def not_found(request, exc):
+    return problem(404, "Not Found", str(exc) or "No such object.")
+
+
+@api.exception_handler(HttpError)
+def http_error(request, exc):
+    return problem(exc.status_code, exc.message, str(exc.message))
+
+
+@api.exception_handler(RepairRefused)
+def refused(request, exc):
+    return problem(409, "Conflict", str(exc))
+
+
+@api.exception_handler(Conflict)
+def conflict(request, exc):
+    return problem(409, "Conflict", str(exc))
+
+
+@api.exception_handler(InvalidTransition)
+def invalid_transition(request, exc):
+    return problem(409, "Conflict", str(exc))
+
+
+def require(request, role):
+    """Raise Forbidden (audited: who tried what) unless the token's user has `role`."""
+    if has_role(request.user, role):
+        return
+    record_audit(request.user, "api.forbidden", request.auth, request=request,
+                 changes={"method": request.method, "path": request.path,
+                          "needs": role.label})
+    raise Forbidden(f"{request.method} {request.path} needs the {role.label} role.")
+
+
+def bad_request(form):
+    detail = "; ".join(f"{field}: {' '.join(errors)}" for field, errors in form.errors.items())
+    raise HttpError(400, detail)
+
+
+def page_of(queryset, request, item):
+    page = Paginator(queryset, PAGE_SIZE).get_page(request.GET.get("page"))
+    return {"count": page.paginator.count, "page": page.number,
+            "pages": page.paginator.num_pages, "items": [item(obj) for obj in page]}
+
+
+def filtered(filter_class, request, queryset):
+    params = QueryDict(mutable=True)
+    params.update(request.GET)
+    params.pop("page", None)
+    found = filter_class(params, queryset=queryset)
+    if not found.is_valid():
+        raise HttpError(400, "; ".join(f"{field}: {' '.join(errors)}"
+                                       for field, errors in found.errors.items()))
+    return found.qs
+
+
+def cluster_of(slug):
+    return get_object_or_404(Cluster, slug=slug)
+
+
+# Reads -------------------------------------------------------------------------------------
+
+clusters = Router(tags=["clusters"])
+
+
+def cluster_json(cluster):
+    by_state = dict(Node.objects.filter(cluster=cluster).values_list("state")
+                    .annotate(n=Count("pk")))
+    return {**{field: getattr(cluster, field) for field in (
+        "slug", "name", "region", "gpu_type", "gpus_per_node", "scheduler",
+        "degraded_threshold_pct")}, "nodes": sum(by_state.values()), "nodes_by_state": by_state}
+
+
+@clusters.get("/", response=list[schemas.ClusterOut], summary="The clusters")
+def list_clusters(request):
+    return [cluster_json(cluster) for cluster in Cluster.objects.order_by("name")]
+
+
+@clusters.get("/{slug}/", response=schemas.ClusterOut, summary="One cluster")
+def get_cluster(request, slug: str):
+    return cluster_json(cluster_of(slug))
+
+
+def node_json(node, live=None, signals=None):
+    return {"name": node.name, "hostname": node.hostname, "state": node.state,
+            "role": node.role, "paused": node.paused, "gpus": node.gpu_count,
+            "boot_id": node.boot_id, "last_seen": node.last_seen,
+            "worst_signal": (signals or {}).get(node.pk, ""),
+            "live": (live or {}).get(node.pk)}
+
+
+def nodes_of(cluster):
+    return Node.objects.filter(cluster=cluster).annotate(
+        gpu_count=Count("gpus", filter=Q(gpus__removed_at__isnull=True))).order_by("name")
+
+
+@clusters.get("/{slug}/nodes/", response=schemas.NodePage,
+              summary="Nodes, with their live numbers (filters: state, role, signature, name)")
+def list_nodes(request, slug: str):
+    cluster = cluster_of(slug)
+    matching = filtered(NodeFilter, request, nodes_of(cluster))
+    live, signals = live_numbers(cluster), worst_open_signals(cluster)
+    return page_of(matching, request, lambda node: node_json(node, live, signals))
+
+
+def node_of(cluster, name):
+    return get_object_or_404(nodes_of(cluster), name=name)
+
+
+@clusters.get("/{slug}/nodes/{name}/", response=schemas.NodeOut, summary="One node")
+def get_node(request, slug: str, name: str):
+    cluster = cluster_of(slug)
+    node = node_of(cluster, name)
+    return node_json(node, live_numbers(cluster), worst_open_signals(cluster, [node.pk]))
+
+
+def event_json(event):
+    return {"public_id": event.public_id, "node": event.node.name,
+            "gpu": event.gpu.index if event.gpu else None, "signature": event.signature,
+            "severity": event.severity, "source": event.source, "message": event.message,
+            "count": event.count, "first_seen": event.first_seen, "last_seen": event.last_seen,
+            "closed_at": event.closed_at, "closed_reason": event.closed_reason,
+            "acknowledged_at": event.acknowledged_at}
+
+
+@clusters.get("/{slug}/events/", response=schemas.EventPage,
+              summary="Health events (filters: severity, node, signature, source, open, "
+                      "period, since, until)")
+def list_events(request, slug: str):
+    events = (HealthEvent.objects.filter(node__cluster=cluster_of(slug))
+              .select_related("node", "gpu").order_by("-last_seen", "-id"))
+    return page_of(filtered(HealthEventFilter, request, events), request, event_json)
+
+
+def run_json(run):
+    return {"public_id": run.public_id, "node": run.node.name, "check": run.check_name,
+            "purpose": run.purpose, "status": run.status, "message": run.message,
+            "metrics": run.metrics, "requested_at": run.requested_at,
+            "finished_at": run.finished_at}
+
+
+@clusters.get("/{slug}/checks/", response=schemas.CheckRunPage,
+              summary="Check runs (filters: node, check, status, purpose)")
+def list_check_runs(request, slug: str):
+    runs = CheckRun.objects.filter(node__cluster=cluster_of(slug)).select_related("node")
+    return page_of(filtered(CheckRunFilter, request, runs), request, run_json)
+
+
+def repair_json(repair):
+    return {"public_id": repair.public_id, "number": repair.pk, "node": repair.node.name,
+            "action": repair.action, "status": repair.status, "signature": repair.signature,
+            "reason": repair.reason, "requested_at": repair.requested_at,
+            "reviewed_by": repair.reviewed_by.get_username() if repair.reviewed_by else None,
+            "reviewed_at": repair.reviewed_at, "review_comment": repair.review_comment,
+            "auto_approved": repair.auto_approved, "waiting_reason": repair.waiting_reason,
+            "started_at": repair.started_at, "finished_at": repair.finished_at,
+            "outcome": repair.outcome,
+            "url": settings.CLUSTERUI_PUBLIC_URL.rstrip("/") + repair.get_absolute_url()}
+
+
+def repairs_of(cluster):
+    return (Repair.objects.filter(cluster=cluster).select_related("node", "cluster", "reviewed_by")
+            .order_by("-requested_at", "-id"))
+
+
+@clusters.get("/{slug}/repairs/", response=schemas.RepairPage,
+              summary="Repairs, newest first (filters: node, action, status, period, since, "
+                      "until)")
+def list_repairs(request, slug: str):
+    repairs = repairs_of(cluster_of(slug))
+    return page_of(filtered(RepairHistoryFilter, request, repairs), request, repair_json)
+
+
+def repair_of(slug, public_id):
+    return get_object_or_404(repairs_of(cluster_of(slug)), public_id=public_id)
+
+
+@clusters.get("/{slug}/repairs/{public_id}/", response=schemas.RepairOut, summary="One repair")
+def get_repair(request, slug: str, public_id: UUID):
+    return repair_json(repair_of(slug, public_id))
+
+
+def job_json(job):
+    return {field: getattr(job, field) for field in schemas.JobOut.model_fields}
+
+
+@clusters.get("/{slug}/jobs/", response=schemas.JobPage,
+              summary="Jobs from Slurm's accounting, newest first (filters: user, state, node)")
+def list_jobs(request, slug: str, user: str = "", state: str = "", node: str = ""):
+    jobs = Job.objects.filter(cluster=cluster_of(slug)).order_by("-start", "-id")
+    if user:
+        jobs = jobs.filter(user=user)
+    if state:
+        jobs = jobs.filter(state__iexact=state)
+    if node:
+        jobs = jobs.filter(node_list__contains=node)
+    return page_of(jobs, request, job_json)
+
+
+audit = Router(tags=["audit"])
+
+
+@audit.get("/", response=schemas.AuditPage,
+           summary="The audit trail, newest first (admins; filters: action, actor, cluster)")
+def list_audit(request, action: str = "", actor: str = "", cluster: str = ""):
+    require(request, Role.ADMIN)
+    entries = AuditEntry.objects.select_related("cluster").order_by("-at", "-id")
+    if action:
+        entries = entries.filter(action=action)
+    if actor:
+        entries = entries.filter(actor_name=actor)
+    if cluster:
+        entries = entries.filter(cluster__slug=cluster)
+    return page_of(entries, request, lambda entry: {
+        "at": entry.at, "actor": entry.actor_name, "action": entry.action,
+        "object_type": entry.object_type, "object_id": entry.object_id,
+        "object": entry.object_repr, "cluster": entry.cluster.slug if entry.cluster else None,
+        "source_ip": entry.source_ip, "changes": entry.changes})
+
+
+# Acts ---------------------------------------------------------------------------------------
+
+def acted(repair):
+    return repair_json(Repair.objects.select_related("node", "cluster", "reviewed_by")
+                       .get(pk=repair.pk))
+
+
+@clusters.post("/{slug}/repairs/{public_id}/approve/", response=schemas.RepairOut,
+               summary="Approve a proposed repair (operators)")
+def approve_repair(request, slug: str, public_id: UUID, body: schemas.Comment):
+    require(request, Role.OPERATOR)
+    repair = repair_of(slug, public_id)
+    return acted(do_approve_repair(repair, actor=request.user, comment=body.comment,
+                                   request=request))
+
+
+@clusters.post("/{slug}/repairs/{public_id}/reject/", response=schemas.RepairOut,
+               summary="Reject a proposed repair (operators)")
+def reject_repair(request, slug: str, public_id: UUID, body: schemas.Comment):
+    require(request, Role.OPERATOR)
+    repair = repair_of(slug, public_id)
+    return acted(do_reject_repair(repair, actor=request.user, comment=body.comment,
+                                  request=request))
+
+
+@clusters.post("/{slug}/repairs/{public_id}/cancel/", response=schemas.RepairOut,
+               summary="Cancel an approved or waiting repair (operators)")
+def cancel_repair(request, slug: str, public_id: UUID, body: schemas.Comment):
+    require(request, Role.OPERATOR)
+    repair = repair_of(slug, public_id)
+    return acted(do_cancel_repair(repair, actor=request.user, comment=body.comment,
+                                  request=request))
+
+
+@clusters.post("/{slug}/repairs/{public_id}/abort/", response=schemas.RepairOut,
+               summary="Abort a running repair, saying why (operators)")
+def abort_repair(request, slug: str, public_id: UUID, body: schemas.Abort):
+    require(request, Role.OPERATOR)
+    repair = repair_of(slug, public_id)
+    repair, _ = do_abort_repair(repair, actor=request.user, comment=body.comment,
+                                resume_node=body.resume_node, request=request)
+    return acted(repair)
+
+
+@clusters.post("/{slug}/nodes/{name}/repairs/", response={201: schemas.RepairOut},
+               summary="Propose a repair of a node (operators); it waits for approval")
+def propose_repair(request, slug: str, name: str, body: schemas.Propose):
+    require(request, Role.OPERATOR)
+    if body.action not in Action.values:
+        raise HttpError(400, f"action: one of {', '.join(Action.values)}")
+    node = node_of(cluster_of(slug), name)
+    repair = do_propose_repair(node, action=body.action, actor=request.user,
+                               reason=body.reason, request=request)
+    return 201, acted(repair)
+
+
+@clusters.post("/{slug}/nodes/{name}/pause/", response=schemas.NodeOut,
+               summary="Pause a node (operators)")
+def pause_node(request, slug: str, name: str, body: schemas.Pause):
+    require(request, Role.OPERATOR)
+    cluster = cluster_of(slug)
+    do_pause_node(node_of(cluster, name), actor=request.user, reason=body.reason,
+                  request=request)
+    return node_json(node_of(cluster, name))
+
+
+@clusters.post("/{slug}/nodes/{name}/resume/", response=schemas.NodeOut,
+               summary="Resume a paused node (operators)")
+def resume_node(request, slug: str, name: str):
+    require(request, Role.OPERATOR)
+    cluster = cluster_of(slug)
+    do_resume_node(node_of(cluster, name), actor=request.user, request=request)
+    return node_json(node_of(cluster, name))
+
+
+@clusters.post("/{slug}/nodes/{name}/checks/", response={201: list[schemas.CheckRunOut]},
+               summary="Run a check on a node (operators); 'acceptance' runs the battery")
+def run_check(request, slug: str, name: str, body: schemas.RunCheck):
+    require(request, Role.OPERATOR)
+    cluster = cluster_of(slug)
+    node_of(cluster, name)
+    form = RunCheckForm({"node": name, "check": body.check}, cluster=cluster)
+    if not form.is_valid():
+        bad_request(form)
+    names, purpose = form.checks_and_purpose()
+    requested = do_request_checks(form.cleaned_data["node"], names, purpose=purpose,
+                                  actor=request.user, request=request)
+    return 201, [run_json(run) for run, _ in requested]
+
+
+def event_of(slug, public_id):
+    return get_object_or_404(HealthEvent.objects.select_related("node", "node__cluster", "gpu"),
+                             node__cluster=cluster_of(slug), public_id=public_id)
+
+
+@clusters.post("/{slug}/events/{public_id}/acknowledge/", response=schemas.EventOut,
+               summary="Acknowledge an open event (operators)")
+def acknowledge_event(request, slug: str, public_id: UUID):
+    require(request, Role.OPERATOR)
+    event = event_of(slug, public_id)
+    do_acknowledge_event(event, actor=request.user, request=request)
+    return event_json(event_of(slug, public_id))
+
+
+@clusters.post("/{slug}/events/{public_id}/silence/", response=schemas.EventOut,
+               summary="Silence the event's signature on its node for a while (operators)")
+def silence_event(request, slug: str, public_id: UUID, body: schemas.Silence):
+    require(request, Role.OPERATOR)
+    event = event_of(slug, public_id)
+    form = SilenceForm({"hours": body.hours, "reason": body.reason})
+    if not form.is_valid():
+        bad_request(form)
+    do_silence_signature(event.node, signature=event.signature,
+                         hours=form.cleaned_data["hours"], reason=form.cleaned_data["reason"],
+                         actor=request.user, request=request)
+    return event_json(event_of(slug, public_id))
+
+
+api.add_router("/clusters/", clusters)
+api.add_router("/audit/", audit)
