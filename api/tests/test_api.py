@@ -1,0 +1,161 @@
+"""/api/v1/: tokens act as their user with the user's role, through the same services and
+audit as the pages; errors are problem details; lists take the pages' filters."""
+
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+from openapi_spec_validator import validate
+
+from api.models import ApiToken
+from api.tokens import do_create_api_token, do_revoke_api_token
+from clusterui.models import AuditEntry
+from clusterui.roles import Role
+from healthchecks.services import do_record_health_event
+from nodes.choices import NodeState
+from nodes.tests.factories import NodeFactory
+from repairs.choices import Status
+from repairs.models import Repair
+from repairs.tests.factories import RepairFactory
+
+from .conftest import ApiClient
+
+pytestmark = pytest.mark.django_db
+PROBLEM = "application/problem+json"
+
+
+def test_without_a_usable_token_it_is_401_problem_details(cluster, token_for):
+    user, token = token_for(Role.VIEWER)
+    for client in (ApiClient(), ApiClient("cui_nope"), ApiClient("not-even-ours")):
+        response = client.get("/api/v1/clusters/")
+        assert response.status_code == 401 and response["Content-Type"] == PROBLEM
+        assert response["WWW-Authenticate"] == "Bearer"
+        assert response.json()["title"] == "Unauthorized"
+    assert ApiClient(token).get("/api/v1/clusters/").status_code == 200
+    do_revoke_api_token(ApiToken.objects.get(user=user), actor=user)
+    assert ApiClient(token).get("/api/v1/clusters/").status_code == 401
+    _, expired = token_for(Role.VIEWER, username="api-expired")
+    ApiToken.objects.filter(user__username="api-expired").update(
+        expires_at=timezone.now() - timedelta(seconds=1))
+    assert ApiClient(expired).get("/api/v1/clusters/").status_code == 401
+
+
+def test_a_session_does_not_sign_in_to_the_api(cluster, viewer):
+    client = Client()
+    client.force_login(viewer)
+    assert client.get("/api/v1/clusters/").status_code == 401
+
+
+def test_a_token_notes_when_it_was_last_used(cluster, token_for):
+    user, token = token_for(Role.VIEWER)
+    ApiClient(token).get("/api/v1/clusters/")
+    assert ApiToken.objects.get(user=user).last_used_at is not None
+
+
+def test_nodes_come_with_the_pages_filters(cluster, api_as):
+    NodeFactory(cluster=cluster, name="gpu-0001", state=NodeState.HEALTHY)
+    sick = NodeFactory(cluster=cluster, name="gpu-0002", state=NodeState.UNHEALTHY)
+    do_record_health_event(sick, signature="xid:79", severity="critical")
+    client, _ = api_as(Role.VIEWER)
+    everything = client.get(f"/api/v1/clusters/{cluster.slug}/nodes/").json()
+    assert [n["name"] for n in everything["items"]] == ["gpu-0001", "gpu-0002"]
+    unhealthy = client.get(f"/api/v1/clusters/{cluster.slug}/nodes/", state="unhealthy").json()
+    assert [n["name"] for n in unhealthy["items"]] == ["gpu-0002"]
+    assert unhealthy["items"][0]["worst_signal"].startswith("xid:79")
+    by_signature = client.get(f"/api/v1/clusters/{cluster.slug}/nodes/", signature="xid:79")
+    assert by_signature.json()["count"] == 1
+    bad = client.get(f"/api/v1/clusters/{cluster.slug}/nodes/", state="sleepy")
+    assert bad.status_code == 400 and bad["Content-Type"] == PROBLEM
+    assert "state" in bad.json()["detail"]
+
+
+def test_an_operator_approves_through_the_same_service_and_audit(cluster, api_as):
+    repair = RepairFactory(node=NodeFactory(cluster=cluster))
+    client, operator = api_as(Role.OPERATOR)
+    response = client.post(f"/api/v1/clusters/{cluster.slug}/repairs/{repair.public_id}/approve/",
+                           {"comment": "from the pager"})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["reviewed_by"] == operator.username and body["status"] in ("running", "approved",
+                                                                          "waiting")
+    entry = AuditEntry.objects.get(action="repair.approve")
+    assert (entry.actor, entry.source_ip) == (operator, "10.9.8.7")
+    again = client.post(f"/api/v1/clusters/{cluster.slug}/repairs/{repair.public_id}/approve/")
+    assert again.status_code == 409 and again["Content-Type"] == PROBLEM
+
+
+def test_a_viewers_write_is_403_and_on_the_audit_trail(cluster, api_as):
+    repair = RepairFactory(node=NodeFactory(cluster=cluster))
+    client, viewer = api_as(Role.VIEWER)
+    response = client.post(f"/api/v1/clusters/{cluster.slug}/repairs/{repair.public_id}/approve/")
+    assert response.status_code == 403 and response["Content-Type"] == PROBLEM
+    assert "needs the operator role" in response.json()["detail"]
+    assert Repair.objects.get(pk=repair.pk).status == Status.PROPOSED
+    entry = AuditEntry.objects.get(action="api.forbidden")
+    assert entry.actor == viewer and entry.changes["method"] == "POST"
+    assert entry.changes["needs"] == "operator" and entry.object_type == "api.apitoken"
+
+
+def test_unknown_objects_and_bad_bodies_are_problem_details(cluster, api_as):
+    client, _ = api_as(Role.OPERATOR)
+    missing = client.get("/api/v1/clusters/nope/")
+    assert missing.status_code == 404 and missing["Content-Type"] == PROBLEM
+    node = NodeFactory(cluster=cluster)
+    bad = client.post(f"/api/v1/clusters/{cluster.slug}/nodes/{node.name}/pause/", {})
+    assert bad.status_code == 422 and bad.json()["errors"]
+    not_uuid = client.get(f"/api/v1/clusters/{cluster.slug}/repairs/12/")
+    assert not_uuid.status_code == 422
+    wrong = client.post(f"/api/v1/clusters/{cluster.slug}/nodes/{node.name}/repairs/",
+                        {"action": "explode", "reason": "x"})
+    assert wrong.status_code == 400 and "reboot" in wrong.json()["detail"]
+    check = client.post(f"/api/v1/clusters/{cluster.slug}/nodes/{node.name}/checks/",
+                        {"check": "nope"})
+    assert check.status_code == 400 and "check" in check.json()["detail"]
+
+
+def test_the_rate_limit_is_per_token_with_retry_after(cluster, token_for, settings):
+    from api import v1
+    _, token = token_for(Role.VIEWER)
+    _, other = token_for(Role.VIEWER, username="api-other")
+    throttle = v1.api.throttle[0]
+    throttle.rate = "3/min"
+    throttle.num_requests, throttle.duration = throttle.parse_rate("3/min")
+    try:
+        answers = [ApiClient(token).get("/api/v1/clusters/").status_code for _ in range(4)]
+        assert answers == [200, 200, 200, 429]
+        limited = ApiClient(token).get("/api/v1/clusters/")
+        assert limited["Content-Type"] == PROBLEM and int(limited["Retry-After"]) >= 1
+        assert ApiClient(other).get("/api/v1/clusters/").status_code == 200
+    finally:
+        throttle.num_requests, throttle.duration = throttle.parse_rate(
+            f"{settings.CLUSTERUI_API_RATE_PER_MIN}/min")
+
+
+def test_the_openapi_schema_is_served_and_valid(cluster):
+    response = Client().get("/api/v1/openapi.json")
+    assert response.status_code == 200
+    schema = response.json()
+    validate(schema)
+    assert "/api/v1/clusters/{slug}/repairs/{public_id}/approve/" in schema["paths"]
+    assert schema["components"]["securitySchemes"]
+
+
+def test_tokens_are_made_on_a_page_shown_once_and_revoked(cluster, operator, client_for):
+    client = client_for(operator)
+    made = client.post("/account/api-tokens/", {"name": "pager bot", "expires_in_days": 30})
+    token = ApiToken.objects.get(user=operator)
+    plaintext = made.context["created"]["plaintext"]
+    assert plaintext.startswith(f"cui_{token.prefix}_") and plaintext in made.text
+    assert plaintext not in client.get("/account/api-tokens/").text
+    assert ApiClient(plaintext).get("/api/v1/clusters/").status_code == 200
+    client.post(f"/account/api-tokens/{token.prefix}/revoke/")
+    assert ApiClient(plaintext).get("/api/v1/clusters/").status_code == 401
+
+
+def test_nobody_but_its_owner_or_an_admin_revokes_a_token(cluster, operator, viewer, client_for):
+    token, _ = do_create_api_token(operator, name="bot", expires_in_days=5)
+    assert client_for(viewer).post(f"/account/api-tokens/{token.prefix}/revoke/"
+                                   ).status_code == 403
+    assert ApiToken.objects.get(pk=token.pk).revoked_at is None
+    assert token.prefix not in client_for(viewer).get("/account/api-tokens/").text
