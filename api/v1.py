@@ -281,13 +281,20 @@ def list_repairs(request, slug: str):
     return page_of(filtered(RepairHistoryFilter, request, repairs), request, repair_json)
 
 
-def repair_of(slug, public_id):
-    return get_object_or_404(repairs_of(cluster_of(slug)), public_id=public_id)
+def repair_of(slug, ref):
+    """A repair by its number (12, as the pages show #12) or its id."""
+    repairs = repairs_of(cluster_of(slug))
+    if ref.isdigit():
+        return get_object_or_404(repairs, pk=int(ref))
+    try:
+        return get_object_or_404(repairs, public_id=UUID(ref))
+    except ValueError:
+        raise Http404(f"No repair {ref}: give its number or its id.") from None
 
 
-@clusters.get("/{slug}/repairs/{public_id}/", response=schemas.RepairOut, summary="One repair")
-def get_repair(request, slug: str, public_id: UUID):
-    return repair_json(repair_of(slug, public_id))
+@clusters.get("/{slug}/repairs/{ref}/", response=schemas.RepairOut, summary="One repair")
+def get_repair(request, slug: str, ref: str):
+    return repair_json(repair_of(slug, ref))
 
 
 def job_json(job):
@@ -335,38 +342,38 @@ def acted(repair):
                        .get(pk=repair.pk))
 
 
-@clusters.post("/{slug}/repairs/{public_id}/approve/", response=schemas.RepairOut,
+@clusters.post("/{slug}/repairs/{ref}/approve/", response=schemas.RepairOut,
                summary="Approve a proposed repair (operators)")
-def approve_repair(request, slug: str, public_id: UUID, body: schemas.Comment):
+def approve_repair(request, slug: str, ref: str, body: schemas.Comment):
     require(request, Role.OPERATOR)
-    repair = repair_of(slug, public_id)
+    repair = repair_of(slug, ref)
     return acted(do_approve_repair(repair, actor=request.user, comment=body.comment,
                                    request=request))
 
 
-@clusters.post("/{slug}/repairs/{public_id}/reject/", response=schemas.RepairOut,
+@clusters.post("/{slug}/repairs/{ref}/reject/", response=schemas.RepairOut,
                summary="Reject a proposed repair (operators)")
-def reject_repair(request, slug: str, public_id: UUID, body: schemas.Comment):
+def reject_repair(request, slug: str, ref: str, body: schemas.Comment):
     require(request, Role.OPERATOR)
-    repair = repair_of(slug, public_id)
+    repair = repair_of(slug, ref)
     return acted(do_reject_repair(repair, actor=request.user, comment=body.comment,
                                   request=request))
 
 
-@clusters.post("/{slug}/repairs/{public_id}/cancel/", response=schemas.RepairOut,
+@clusters.post("/{slug}/repairs/{ref}/cancel/", response=schemas.RepairOut,
                summary="Cancel an approved or waiting repair (operators)")
-def cancel_repair(request, slug: str, public_id: UUID, body: schemas.Comment):
+def cancel_repair(request, slug: str, ref: str, body: schemas.Comment):
     require(request, Role.OPERATOR)
-    repair = repair_of(slug, public_id)
+    repair = repair_of(slug, ref)
     return acted(do_cancel_repair(repair, actor=request.user, comment=body.comment,
                                   request=request))
 
 
-@clusters.post("/{slug}/repairs/{public_id}/abort/", response=schemas.RepairOut,
+@clusters.post("/{slug}/repairs/{ref}/abort/", response=schemas.RepairOut,
                summary="Abort a running repair, saying why (operators)")
-def abort_repair(request, slug: str, public_id: UUID, body: schemas.Abort):
+def abort_repair(request, slug: str, ref: str, body: schemas.Abort):
     require(request, Role.OPERATOR)
-    repair = repair_of(slug, public_id)
+    repair = repair_of(slug, ref)
     repair, _ = do_abort_repair(repair, actor=request.user, comment=body.comment,
                                 resume_node=body.resume_node, request=request)
     return acted(repair)

@@ -1,14 +1,20 @@
-"""Issue 16's notification path over real processes: daphne, the real agent injecting Xid
-79, a Celery worker and beat. The fault -> a reboot recommendation -> exactly one grouped,
-signed message at a receiver on loopback -> its link opens the recommendation with its
-Approve button -> approved -> the node reboots -> a resolved message."""
+"""Issue 16's path over real processes: daphne, the real agent injecting Xid 79, a Celery
+worker and beat. The fault -> a reboot recommendation -> exactly one grouped, signed message
+at a receiver on loopback -> its link opens the recommendation with its Approve button -> a
+viewer's API token is refused (403, audited) -> an operator's approves through the API ->
+the node reboots -> a resolved message."""
 
+import json
+import urllib.error
+import urllib.request
 from urllib.parse import urlsplit
 
 import pytest
 from django.test import Client
 from standardwebhooks import Webhook
 
+from api.tokens import do_create_api_token
+from clusterui.models import AuditEntry
 from clusterui.roles import Role
 from clusterui.tests.factories import ClusterFactory, UserFactory
 from nodes.services import do_issue_join_token
@@ -17,7 +23,6 @@ from notifications.services import do_create_channel
 from notifications.tests.receivers import HttpReceiver
 from repairs.choices import Status
 from repairs.models import Repair, RepairSettings
-from repairs.services import do_approve_repair
 
 from .integration import wait_until
 from .test_live_integration import joined_node
@@ -32,13 +37,24 @@ def receiver():
     receiver.stop()
 
 
+def api_post(url, token, body):
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Authorization": f"Bearer {token}",
+                                              "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
 def messages_of(receiver, key):
     return [(headers, body) for _, headers, body in receiver.requests
             if Webhook(key).verify(body, headers)["data"]["group"] == "repair_awaiting_approval"]
 
 
-def test_an_xid_79_sends_one_message_whose_link_approves_and_a_resolved_one(processes,
-                                                                           receiver):
+def test_an_xid_79_is_one_message_whose_link_leads_to_an_api_approval_and_a_reboot(
+        processes, receiver):
     processes.env.update(CLUSTERUI_BOOT_WINDOW_S="0")
     cluster = ClusterFactory(name="int-notify", slug="int-notify")
     RepairSettings.objects.create(cluster=cluster, provider="simulated")
@@ -75,7 +91,15 @@ def test_an_xid_79_sends_one_message_whose_link_approves_and_a_resolved_one(proc
     assert page.status_code == 200
     assert b"Approve" in page.content and str(repair.public_id).encode() in page.content
 
-    do_approve_repair(repair, actor=operator, comment="from the message")
+    approve = f"{server.url}/api/v1/clusters/{cluster.slug}/repairs/{repair.pk}/approve/"
+    viewer = UserFactory(username="int-vera", role=Role.VIEWER)
+    _, viewer_token = do_create_api_token(viewer, name="bot", expires_in_days=1)
+    status, problem = api_post(approve, viewer_token, {"comment": "me too"})
+    assert status == 403 and "needs the operator role" in problem["detail"]
+    assert AuditEntry.objects.filter(action="api.forbidden", actor=viewer).count() == 1
+    _, operator_token = do_create_api_token(operator, name="pager", expires_in_days=1)
+    status, answer = api_post(approve, operator_token, {"comment": "from the message"})
+    assert status == 200 and answer["reviewed_by"] == "int-otto"
     wait_until(lambda: Repair.objects.filter(pk=repair.pk, status=Status.SUCCEEDED).exists(),
                timeout=120, what="the reboot")
 

@@ -104,8 +104,9 @@ def test_unknown_objects_and_bad_bodies_are_problem_details(cluster, api_as):
     node = NodeFactory(cluster=cluster)
     bad = client.post(f"/api/v1/clusters/{cluster.slug}/nodes/{node.name}/pause/", {})
     assert bad.status_code == 422 and bad.json()["errors"]
-    not_uuid = client.get(f"/api/v1/clusters/{cluster.slug}/repairs/12/")
-    assert not_uuid.status_code == 422
+    not_a_repair = client.get(f"/api/v1/clusters/{cluster.slug}/repairs/twelve/")
+    assert not_a_repair.status_code == 404 and "number or its id" in not_a_repair.json()["detail"]
+    assert client.get(f"/api/v1/clusters/{cluster.slug}/repairs/12/").status_code == 404
     wrong = client.post(f"/api/v1/clusters/{cluster.slug}/nodes/{node.name}/repairs/",
                         {"action": "explode", "reason": "x"})
     assert wrong.status_code == 400 and "reboot" in wrong.json()["detail"]
@@ -137,7 +138,7 @@ def test_the_openapi_schema_is_served_and_valid(cluster):
     assert response.status_code == 200
     schema = response.json()
     validate(schema)
-    assert "/api/v1/clusters/{slug}/repairs/{public_id}/approve/" in schema["paths"]
+    assert "/api/v1/clusters/{slug}/repairs/{ref}/approve/" in schema["paths"]
     assert schema["components"]["securitySchemes"]
 
 

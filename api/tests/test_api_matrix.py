@@ -101,17 +101,15 @@ def world(cluster):
                                    gpu=GpuFactory(node=node, index=3))
     repair = RepairFactory(node=NodeFactory(cluster=cluster, name="gpu-0002"))
     return {"slug": cluster.slug, "name": node.name, "event": event.public_id,
-            "public_id": repair.public_id}
+            "public_id": repair.public_id, "number": str(repair.pk)}
 
 
 def path_for(name, route, world):
     kwargs = {}
-    for parameter in ("slug", "name", "public_id"):
-        if "{" + parameter + "}" in route or f"<{parameter}>" in route or \
-                f":{parameter}>" in route:
-            kwargs[parameter] = world[parameter]
-    if name in ("api:acknowledge_event", "api:silence_event"):
-        kwargs["public_id"] = world["event"]
+    for parameter, value in (("slug", world["slug"]), ("name", world["name"]),
+                             ("public_id", world["event"]), ("ref", world["number"])):
+        if f"<{parameter}>" in route or f":{parameter}>" in route:
+            kwargs[parameter] = value
     return reverse(name, kwargs=kwargs)
 
 

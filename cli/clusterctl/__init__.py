@@ -1,0 +1,1 @@
+"""clusterctl: clusterui's JSON API from a shell (README.md)."""
