@@ -1,13 +1,27 @@
-"""/metrics in Prometheus' text format, with dcgm-exporter's metric names and labels, so
-NVIDIA's stock DCGM Grafana dashboard works on clusterui's data unchanged."""
+"""/metrics in Prometheus' text format: first the GPU series with dcgm-exporter's metric
+names and labels, so NVIDIA's stock DCGM Grafana dashboard works on clusterui's data
+unchanged (written as dcgm-exporter writes them: prometheus-client would add `_total` to
+its counters); then the console's own series (clusterui_*), written by prometheus-client,
+for alerting (deploy/prometheus/clusterui.rules.yml)."""
+
+from datetime import datetime, timezone
+
+from django.db.models import Count, F
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 
 from clusterui.models import Cluster
 from healthchecks.catalog import xid_code
 from healthchecks.models import HealthEvent
+from notifications.models import Alert, Delivery
+from repairs.choices import Status
+from repairs.models import Repair
 
+from .choices import NodeState
 from .live import get_live_store
-from .models import Gpu
+from .models import Gpu, Node, PublisherStatus
 from .publisher import stale_after_s
+from .states import OUT_OF_SERVICE
 
 MIB = 1024 * 1024
 
@@ -61,6 +75,10 @@ def open_xids():
 
 
 def render_metrics(now_ts):
+    return render_dcgm(now_ts) + render_console(now_ts)
+
+
+def render_dcgm(now_ts):
     store = get_live_store()
     gpus = Gpu.objects.select_related("node").only(
         "index", "uuid", "pci_bus_id", "name", "node__name", "node__hostname", "node__cluster_id")
@@ -87,3 +105,115 @@ def render_metrics(now_ts):
                         lines[name].append(f"{name}{{{label_text}}} {value:g}")
                 xid_lines.append(f"{XID_SERIES[0]}{{{label_text}}} {xids.get(gpu.pk, 0)}")
     return "\n".join([*(line for series in lines.values() for line in series), *xid_lines]) + "\n"
+
+
+# How long finished repairs took, started to finished (seconds).
+REPAIR_DURATION_BUCKETS = (60, 300, 900, 1800, 3600, 7200, 14400)
+
+
+class ConsoleCollector:
+    """The console's own series, read from the database and the live store at each scrape."""
+
+    def __init__(self, now_ts):
+        self.now_ts = now_ts
+
+    def collect(self):
+        clusters = {cluster.pk: cluster for cluster in Cluster.objects.all()}
+        yield from self.nodes(clusters)
+        yield self.open_events(clusters)
+        yield from self.repairs(clusters)
+        yield from self.live(clusters)
+        yield from self.notifications(clusters)
+
+    def nodes(self, clusters):
+        nodes = GaugeMetricFamily("clusterui_nodes", "Nodes by state.", labels=["cluster", "state"])
+        degraded = GaugeMetricFamily(
+            "clusterui_cluster_degraded", "1 while more than the cluster's threshold of its "
+            "nodes are out of service (paused or unhealthy).", labels=["cluster"])
+        counts = {(row["cluster_id"], row["state"]): row["n"] for row in
+                  Node.objects.values("cluster_id", "state").annotate(n=Count("pk"))}
+        for cluster in clusters.values():
+            total = out = 0
+            for state in NodeState.values:
+                n = counts.get((cluster.pk, state), 0)
+                nodes.add_metric([cluster.slug, state], n)
+                total += n
+                out += n if state in OUT_OF_SERVICE else 0
+            degraded.add_metric([cluster.slug], int(cluster.is_degraded(out, total)))
+        return nodes, degraded
+
+    def open_events(self, clusters):
+        family = GaugeMetricFamily("clusterui_open_health_events", "Open health events.",
+                                   labels=["cluster", "signature", "severity"])
+        for row in (HealthEvent.objects.open().values("node__cluster_id", "signature", "severity")
+                    .annotate(n=Count("pk"))):
+            family.add_metric([clusters[row["node__cluster_id"]].slug, row["signature"],
+                               row["severity"]], row["n"])
+        return family
+
+    def repairs(self, clusters):
+        by_status = GaugeMetricFamily("clusterui_repairs", "Repairs by status.",
+                                      labels=["cluster", "status"])
+        counts = {(row["cluster_id"], row["status"]): row["n"] for row in
+                  Repair.objects.values("cluster_id", "status").annotate(n=Count("pk"))}
+        for cluster in clusters.values():
+            for status in Status.values:
+                by_status.add_metric([cluster.slug, status], counts.get((cluster.pk, status), 0))
+        durations = HistogramMetricFamily(
+            "clusterui_repair_duration_seconds", "How long finished repairs ran, by action and "
+            "outcome.", labels=["cluster", "action", "status"])
+        finished = (Repair.objects.filter(started_at__isnull=False, finished_at__isnull=False)
+                    .values_list("cluster_id", "action", "status", "started_at", "finished_at"))
+        seconds = {}
+        for cluster_id, action, status, started, ended in finished:
+            seconds.setdefault((cluster_id, action, status), []).append(
+                (ended - started).total_seconds())
+        for (cluster_id, action, status), values in sorted(seconds.items()):
+            buckets = [(str(edge), sum(v <= edge for v in values))
+                       for edge in REPAIR_DURATION_BUCKETS] + [("+Inf", len(values))]
+            durations.add_metric([clusters[cluster_id].slug, action, status], buckets,
+                                 sum(values))
+        return by_status, durations
+
+    def live(self, clusters):
+        connected = GaugeMetricFamily(
+            "clusterui_connected_agents", "Nodes whose agent sent a sample recently (within "
+            "three sample intervals).", labels=["cluster"])
+        lag = GaugeMetricFamily(
+            "clusterui_ingest_lag_seconds", "Age of the cluster's newest sample: grows when "
+            "ingest stalls.", labels=["cluster"])
+        store, stale = get_live_store(), stale_after_s()
+        for cluster in clusters.values():
+            received = [entry["received_at"] for entry in store.read(cluster.pk).values()]
+            connected.add_metric([cluster.slug],
+                                 sum(self.now_ts - at <= stale for at in received))
+            if received:
+                lag.add_metric([cluster.slug], max(0.0, self.now_ts - max(received)))
+        tick = GaugeMetricFamily("clusterui_publisher_tick_age_seconds",
+                                 "Seconds since the live publisher last ran.")
+        status = PublisherStatus.objects.order_by("-seen_at").first()
+        if status is not None:
+            now = datetime.fromtimestamp(self.now_ts, tz=timezone.utc)
+            tick.add_metric([], max(0.0, (now - status.seen_at).total_seconds()))
+        return connected, lag, tick
+
+    def notifications(self, clusters):
+        firing = GaugeMetricFamily("clusterui_alerts_firing", "Alerts firing, by kind.",
+                                   labels=["cluster", "kind"])
+        for row in Alert.objects.firing().values("cluster_id", "kind").annotate(n=Count("pk")):
+            firing.add_metric([clusters[row["cluster_id"]].slug, row["kind"]], row["n"])
+        deliveries = GaugeMetricFamily(
+            "clusterui_notification_deliveries", "Notification deliveries by status (failed: "
+            "gave up after every retry).", labels=["cluster", "channel", "status"])
+        for row in (Delivery.objects.values(cluster_id=F("channel__cluster_id"),
+                                            name=F("channel__name"), state=F("status"))
+                    .annotate(n=Count("pk"))):
+            deliveries.add_metric([clusters[row["cluster_id"]].slug, row["name"], row["state"]],
+                                  row["n"])
+        return firing, deliveries
+
+
+def render_console(now_ts):
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ConsoleCollector(now_ts))
+    return generate_latest(registry).decode()
