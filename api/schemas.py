@@ -64,6 +64,7 @@ class EventOut(Schema):
     closed_at: datetime | None
     closed_reason: str
     acknowledged_at: datetime | None
+    in_maintenance: bool
 
 
 class CheckRunOut(Schema):

@@ -230,7 +230,7 @@ def event_json(event):
             "severity": event.severity, "source": event.source, "message": event.message,
             "count": event.count, "first_seen": event.first_seen, "last_seen": event.last_seen,
             "closed_at": event.closed_at, "closed_reason": event.closed_reason,
-            "acknowledged_at": event.acknowledged_at}
+            "acknowledged_at": event.acknowledged_at, "in_maintenance": event.in_maintenance}
 
 
 @clusters.get("/{slug}/events/", response=schemas.EventPage,

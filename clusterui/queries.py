@@ -9,6 +9,7 @@ from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
 from healthchecks.models import CheckRun
+from nodes import maintenance
 from nodes.choices import DISPLAY_ORDER, STATE_COLOURS
 from nodes.models import ClusterRollup, Node, NodeTransition
 from nodes.states import OUT_OF_SERVICE
@@ -48,6 +49,11 @@ def degraded(cluster, counts):
     out = sum(c["count"] for c in counts if c["state"] in OUT_OF_SERVICE)
     total = sum(c["count"] for c in counts)
     return {"out": out, "total": total} if cluster.is_degraded(out, total) else None
+
+
+def maintenance_now(cluster):
+    """The maintenance occurrences on now in the cluster."""
+    return maintenance.current([cluster.pk]).get(cluster.pk, [])
 
 
 def nodes_in_acceptance(cluster):

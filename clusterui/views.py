@@ -90,6 +90,7 @@ def overview(request, slug):
         "counts": counts,
         "node_count": sum(c["count"] for c in counts),
         "degraded": read.degraded(cluster, counts),
+        "maintenance": read.maintenance_now(cluster),
         "nodes_in_acceptance": read.nodes_in_acceptance(cluster),
         "repairs_awaiting": read.repairs_awaiting_approval(cluster),
         "usage": read.usage(cluster),

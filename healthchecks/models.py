@@ -38,6 +38,8 @@ class HealthEvent(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     acknowledged_at = models.DateTimeField(null=True, blank=True)
+    in_maintenance = models.BooleanField(
+        default=False, help_text="opened while its node was in a maintenance window")
 
     objects = HealthEventQuerySet.as_manager()
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from clusterui.changes import Kind, record_change, record_changes
 from clusterui.services import record_audit
-from nodes import agent_work
+from nodes import agent_work, maintenance
 from nodes.models import Gpu, Node
 from nodes.states import refresh_node_states
 
@@ -290,10 +290,13 @@ def _open_runs(runs, source, open_events, now):
     on an event another writer opened first)."""
     if not runs:
         return [], []
+    windows = maintenance.current({run.signal.node.cluster_id for run in runs}, now)
     new = [HealthEvent(node=run.signal.node, gpu=run.signal.gpu, signature=run.signal.signature,
                        severity=run.signal.severity, source=source, message=run.message,
                        evidence=run.signal.evidence, first_seen=now, last_seen=now,
-                       count=run.count) for run in runs]
+                       count=run.count, in_maintenance=maintenance.occurrence_for(
+                           run.signal.node, occurrences=windows) is not None)
+           for run in runs]
     try:
         with transaction.atomic():
             events = HealthEvent.objects.bulk_create(new)
@@ -325,7 +328,8 @@ def _open_runs_one_by_one(runs, source, open_events, now):
                         node=signal.node, gpu=signal.gpu, signature=signal.signature,
                         severity=signal.severity, source=source, message=run.message,
                         evidence=signal.evidence, first_seen=now, last_seen=now,
-                        count=run.count)
+                        count=run.count, in_maintenance=maintenance.occurrence_for(
+                            signal.node, now) is not None)
             except IntegrityError:
                 continue  # opened a moment ago by another writer: count on that one
             opened.append((run, event))

@@ -4,6 +4,7 @@ from healthchecks.checks import ACCEPTANCE_CHECKS
 from healthchecks.forms import ACCEPTANCE_BATTERY, RunCheckForm
 from healthchecks.models import CheckRun
 
+from . import maintenance
 from .choices import NodeRole
 from .services import REJOIN_MAX_HOURS
 
@@ -62,3 +63,52 @@ class BulkCheckForm(BulkNodesForm):
         if self.cleaned_data["check"] == ACCEPTANCE_BATTERY:
             return ACCEPTANCE_CHECKS, CheckRun.Purpose.ACCEPTANCE
         return (self.cleaned_data["check"],), CheckRun.Purpose.ON_DEMAND
+
+
+class MaintenanceWindowForm(forms.Form):
+    """A maintenance window: once (from starts_at, until ends_at or until ended by hand) or
+    recurring (each time of a cron expression, for duration_minutes), over named nodes or the
+    whole cluster."""
+
+    reason = forms.CharField(max_length=300)
+    nodes = forms.CharField(
+        required=False, max_length=10000, widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Node names, separated by spaces or commas; empty: the whole cluster (no "
+                  "repair anywhere: how a cluster is paused).")
+    starts_at = forms.DateTimeField(help_text="UTC, e.g. 2026-12-05 02:00.")
+    ends_at = forms.DateTimeField(required=False,
+                                  help_text="UTC; empty: until someone ends it.")
+    cron = forms.CharField(
+        required=False, max_length=100, label="recurring at (cron, UTC)",
+        help_text="Empty: once. Else each occurrence starts at these times from starts_at on, "
+                  "e.g. '0 2 * * 6' for Saturdays at 02:00.")
+    duration_minutes = forms.IntegerField(required=False, min_value=1, max_value=7 * 24 * 60,
+                                          help_text="Recurring: how long each occurrence lasts.")
+
+    def __init__(self, *args, cluster, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cluster = cluster
+
+    def clean_nodes(self):
+        names = [name for name in self.cleaned_data["nodes"].replace(",", " ").split() if name]
+        found = list(self.cluster.nodes.filter(name__in=names))
+        unknown = sorted(set(names) - {node.name for node in found})
+        if unknown:
+            raise forms.ValidationError(f"No such node in this cluster: {', '.join(unknown)}.")
+        return found
+
+    def clean(self):
+        cleaned = super().clean()
+        starts, ends = cleaned.get("starts_at"), cleaned.get("ends_at")
+        if starts and ends and ends <= starts:
+            self.add_error("ends_at", "It must end after it starts.")
+        cron, duration = cleaned.get("cron", ""), cleaned.get("duration_minutes")
+        if cron:
+            problem = maintenance.cron_problem(cron)
+            if problem:
+                self.add_error("cron", f"Not a cron expression: {problem}.")
+            if not duration:
+                self.add_error("duration_minutes", "A recurring window needs a duration.")
+        elif duration:
+            self.add_error("duration_minutes", "A duration is for a recurring window (cron).")
+        return cleaned

@@ -367,3 +367,33 @@ class PublisherStatus(models.Model):
     class Meta:
         verbose_name_plural = "publisher status"
 
+
+
+class MaintenanceWindow(models.Model):
+    """A time when a set of nodes (none named: the whole cluster) is in maintenance: no
+    repair is recommended or started for them, their events are marked, and notifications
+    about them wait for one summary at the window's end (nodes.maintenance). Once, from
+    starts_at to ends_at (open-ended without one: how an admin pauses a cluster), or
+    recurring: an occurrence of duration_minutes at each time of `cron` (UTC) from starts_at
+    on, until ends_at if set."""
+
+    cluster = models.ForeignKey("clusterui.Cluster", on_delete=models.CASCADE,
+                                related_name="maintenance_windows")
+    nodes = models.ManyToManyField(Node, blank=True, related_name="maintenance_windows")
+    reason = models.CharField(max_length=300)
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField(null=True, blank=True)
+    cron = models.CharField(max_length=100, blank=True,
+                            help_text="recurring: when each occurrence starts (UTC), e.g. "
+                                      "'0 2 * * 6' for Saturdays at 02:00")
+    duration_minutes = models.PositiveIntegerField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True, help_text="ended by hand")
+    ended_by_name = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField()
+    created_by_name = models.CharField(max_length=150)
+
+    class Meta:
+        ordering = ["-starts_at", "-id"]
+
+    def __str__(self):
+        return f"maintenance window #{self.pk}: {self.reason}"

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.paginator import Paginator
 from django.db.models import Count, Q
 from django.shortcuts import get_object_or_404
+from django.utils import timezone
 
 from clusterui.models import SSH_PLACEHOLDER
 from clusterui.queries import get_cluster_for_user
@@ -15,10 +16,11 @@ from healthchecks.forms import RunCheckForm
 from healthchecks.inventory import review_gpu_inventory
 from healthchecks.queries import open_events_by_signature, worst_open_signals
 
+from . import maintenance
 from .choices import NodeRole
 from .filters import DB_SORTS, LIVE_SORTS, SORT_CHOICES, NodeFilter
 from .live import get_live_store
-from .models import Node, NodeRollup
+from .models import MaintenanceWindow, Node, NodeRollup
 from .publisher import stale_after_s
 from .rollups import reading
 
@@ -144,3 +146,17 @@ def gpu_inventory_context(node):
 def grafana_url(node):
     template = settings.CLUSTERUI_GRAFANA_NODE_URL
     return template.format(node=node.name, cluster=node.cluster.slug) if template else ""
+
+
+def maintenance_windows(cluster, now=None):
+    """The cluster's windows, each with `on_now` (its current occurrence or None) and
+    `over_now` (ended, or past its end), newest first; the last 50."""
+    now = now or timezone.now()
+    windows = list(MaintenanceWindow.objects.filter(cluster=cluster)
+                   .prefetch_related("nodes")[:50])
+    for window in windows:
+        window.on_now = maintenance.occurrence_at(window, now)
+        window.over_now = (window.ended_at is not None and window.ended_at <= now) or (
+            window.ends_at is not None and window.ends_at <= now)
+        window.node_names = sorted(node.name for node in window.nodes.all())
+    return windows

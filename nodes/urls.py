@@ -4,12 +4,14 @@ from . import views
 
 app_name = "nodes"
 
-# "~selected" is no node's name ('~' is not allowed in one): the bulk operations' routes
+# "~selected" and "~maintenance" are no node's name ('~' is not allowed in one): the bulk operations' routes
 # never shadow a node's.
 urlpatterns = [
     path("", views.node_list, name="list"),
     path("~selected/pause/", views.bulk_pause, name="bulk_pause"),
     path("~selected/resume/", views.bulk_resume, name="bulk_resume"),
+    path("~maintenance/", views.maintenance, name="maintenance"),
+    path("~maintenance/<int:window_id>/end/", views.maintenance_end, name="maintenance_end"),
     path("~selected/check/", views.bulk_check, name="bulk_check"),
     path("~selected/role/", views.bulk_set_role, name="bulk_set_role"),
     path("<str:name>/", views.node_detail, name="detail"),

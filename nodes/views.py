@@ -6,13 +6,14 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_not_required
 from django.http import HttpResponse, JsonResponse, QueryDict
-from django.shortcuts import redirect, render
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from clusterui.queries import get_cluster_for_user
-from clusterui.roles import Role, require_role
+from clusterui.roles import Role, has_role, require_role
 from healthchecks.forms import RunCheckForm
 from healthchecks.inventory import do_accept_gpu_inventory
 from healthchecks.queries import check_runs_context
@@ -25,6 +26,7 @@ from .forms import (
     BulkNodesForm,
     BulkPauseForm,
     BulkRoleForm,
+    MaintenanceWindowForm,
     NodeRoleForm,
     PauseNodeForm,
     RejoinForm,
@@ -32,6 +34,7 @@ from .forms import (
 )
 from .live import get_live_store
 from .metrics import render_metrics
+from .models import MaintenanceWindow
 from .publisher import stale_after_s
 from .queries import (
     CHART_METRICS,
@@ -39,6 +42,7 @@ from .queries import (
     get_node_for_user,
     gpu_inventory_context,
     grafana_url,
+    maintenance_windows,
     node_list_context,
     ssh_command,
 )
@@ -47,6 +51,8 @@ from .services import (
     do_bulk_resume_nodes,
     do_bulk_set_node_role,
     do_close_rejoin,
+    do_create_maintenance_window,
+    do_end_maintenance_window,
     do_open_rejoin,
     do_pause_node,
     do_remove_node,
@@ -328,3 +334,47 @@ def metrics(request):
                             headers={"WWW-Authenticate": "Bearer"})
     return HttpResponse(render_metrics(time.time()),
                         content_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+# Cluster settings > Maintenance windows. Operators make and end windows over nodes; a
+# window over the whole cluster (which pauses every repair in it) needs an admin.
+
+
+def _may_change_window(request, whole_cluster):
+    if whole_cluster and not has_role(request.user, Role.ADMIN):
+        raise PermissionDenied("A window over the whole cluster needs the admin role.")
+
+
+@require_http_methods(["GET", "POST"])
+@require_role(Role.VIEWER)
+def maintenance(request, slug):
+    cluster = get_cluster_for_user(request, slug)
+    if request.method == "POST" and not has_role(request.user, Role.OPERATOR):
+        raise PermissionDenied("Maintenance windows need the operator role.")
+    form = MaintenanceWindowForm(request.POST or None, cluster=cluster)
+    if request.method == "POST" and form.is_valid():
+        _may_change_window(request, whole_cluster=not form.cleaned_data["nodes"])
+        window = do_create_maintenance_window(
+            cluster, reason=form.cleaned_data["reason"], nodes=form.cleaned_data["nodes"],
+            starts_at=form.cleaned_data["starts_at"], ends_at=form.cleaned_data["ends_at"],
+            cron=form.cleaned_data["cron"], duration_minutes=form.cleaned_data["duration_minutes"],
+            actor=request.user, request=request)
+        messages.success(request, f"Maintenance window #{window.pk} saved.")
+        return redirect("nodes:maintenance", cluster.slug)
+    return render(request, "nodes/maintenance.html",
+                  {"cluster": cluster, "tab": "settings", "form": form,
+                   "windows": maintenance_windows(cluster)},
+                  status=400 if form.errors else 200)
+
+
+@require_POST
+@require_role(Role.OPERATOR)
+def maintenance_end(request, slug, window_id):
+    cluster = get_cluster_for_user(request, slug)
+    window = get_object_or_404(MaintenanceWindow, cluster=cluster, pk=window_id)
+    _may_change_window(request, whole_cluster=not window.nodes.exists())
+    if do_end_maintenance_window(window, actor=request.user, request=request):
+        messages.success(request, f"Maintenance window #{window.pk} ended.")
+    else:
+        messages.info(request, f"Maintenance window #{window.pk} had already ended.")
+    return redirect("nodes:maintenance", cluster.slug)

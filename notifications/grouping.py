@@ -15,6 +15,11 @@ A channel sends at most max_per_hour messages (test messages aside): past that a
 waits, and its group goes on gathering alerts, so the message that goes out later says
 where things stand then. One-off alerts (a failed repair) are resolved once a message
 carried them.
+
+An alert about a node in a maintenance window (or any alert of a cluster in a whole-cluster
+window) is held, not grouped. Once the window no longer covers it, the channel sends one
+summary per window of what is still open, and those alerts count as notified in their
+groups from then on.
 """
 
 from collections import defaultdict
@@ -24,11 +29,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from healthchecks.choices import Severity
+from nodes import maintenance
 
 from .choices import ONE_OFF_KINDS, AlertKind
 from .deliveries import create_delivery
-from .messages import alert_message
-from .models import Alert, Channel, Delivery, NotificationGroup
+from .messages import alert_message, maintenance_summary
+from .models import Alert, Channel, Delivery, HeldAlert, NotificationGroup
 
 SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
 
@@ -71,28 +77,76 @@ def plan_channel(channel_id, now):
         return 0
     rules = list(channel.rules.all())
     groups = {group.key: group for group in channel.groups.all()}
-    firing = defaultdict(list)
+    occurrences = maintenance.current([channel.cluster_id], now).get(channel.cluster_id, [])
+    firing, held = defaultdict(list), {}
     for alert in Alert.objects.firing().filter(cluster_id=channel.cluster_id,
                                                kind__in={rule.kind for rule in rules}):
-        if any(rule_matches(rule, alert) for rule in rules):
+        if not any(rule_matches(rule, alert) for rule in rules):
+            continue
+        holding = holding_occurrence(alert, occurrences)
+        if holding is not None:
+            held[alert.pk] = HeldAlert(channel=channel, alert=alert, window=holding.window)
+        else:
             firing[group_key(alert)].append(alert)
+    HeldAlert.objects.bulk_create(held.values(), ignore_conflicts=True)
+    planned = send_maintenance_summaries(channel, groups, set(held), now)
     budget = channel.max_per_hour - sent_in_the_last_hour(channel, now)
-    planned = 0
     keys = set(firing) | {key for key, group in groups.items() if group.notified_alert_ids}
     for key in sorted(keys):
         if budget <= 0:
             break
         group = groups.get(key) or NotificationGroup(channel=channel, key=key)
-        if plan_group(channel, group, firing.get(key, []), now):
+        if plan_group(channel, group, firing.get(key, []), now, held_ids=set(held)):
             planned += 1
             budget -= 1
     return planned
 
 
-def plan_group(channel, group, firing, now):
-    """Plan the group's message if one is due; True when it did."""
+def holding_occurrence(alert, occurrences):
+    """The maintenance occurrence that holds the alert's notification back, or None."""
+    for occurrence in occurrences:
+        if occurrence.whole_cluster or (alert.node_id is not None
+                                        and occurrence.covers(alert.node_id)):
+            return occurrence
+    return None
+
+
+def send_maintenance_summaries(channel, groups, still_held, now):
+    """One message per window that no longer holds some of the channel's alerts: those of
+    them still open. They count as notified in their groups from now on. Returns how many
+    messages."""
+    released = (HeldAlert.objects.filter(channel=channel).exclude(alert_id__in=still_held)
+                .select_related("alert", "window").order_by("alert__opened_at"))
+    by_window = defaultdict(list)
+    for hold in released:
+        by_window[hold.window].append(hold.alert)
+    sent = 0
+    for window, alerts in by_window.items():
+        still_open = [alert for alert in alerts if alert.resolved_at is None]
+        if still_open:
+            create_delivery(channel, maintenance_summary(channel, window, still_open, now),
+                            group_key=f"maintenance:{window.pk}", now=now)
+            sent += 1
+        for alert in still_open:
+            if alert.kind in ONE_OFF_KINDS:
+                continue
+            group = groups.setdefault(group_key(alert),
+                                      NotificationGroup(channel=channel, key=group_key(alert)))
+            group.notified_alert_ids = sorted({*group.notified_alert_ids, alert.pk})
+            group.last_planned_at = now
+            group.save()
+        Alert.objects.filter(pk__in=[a.pk for a in still_open if a.kind in ONE_OFF_KINDS]
+                             ).update(resolved_at=now)
+    released.delete()
+    return sent
+
+
+def plan_group(channel, group, firing, now, held_ids=frozenset()):
+    """Plan the group's message if one is due; True when it did. An alert it has sent that
+    a maintenance window now holds stays in it, neither firing anew nor resolved."""
     notified = set(group.notified_alert_ids)
-    firing_ids = {alert.pk for alert in firing}
+    kept = notified & held_ids
+    firing_ids = {alert.pk for alert in firing} | kept
     last = group.last_planned_at
     if not notified:
         if not firing:
@@ -107,8 +161,8 @@ def plan_group(channel, group, firing, now):
     if now < due:
         return False
     resolved = list(Alert.objects.filter(pk__in=notified - firing_ids)) if notified else []
-    group.notified_alert_ids = sorted(alert.pk for alert in firing
-                                      if alert.kind not in ONE_OFF_KINDS)
+    group.notified_alert_ids = sorted({alert.pk for alert in firing
+                                       if alert.kind not in ONE_OFF_KINDS} | kept)
     group.last_planned_at = now
     group.save()
     if not firing and not channel.send_resolved:

@@ -81,3 +81,22 @@ def channel_test_message(channel, actor_name, now):
                                     "url": absolute(cluster.get_absolute_url())},
                         "sent_by": actor_name}}
     return "test", title, body, payload
+
+
+def maintenance_summary(channel, window, still_open, now):
+    """What a channel held back during a maintenance window, and is still open at its end."""
+    cluster = channel.cluster
+    title = (f"[{cluster.name}] maintenance window #{window.pk} ended: {len(still_open)} "
+             f"alert{'s' if len(still_open) != 1 else ''} still open")
+    lines = [f"Held during maintenance ({window.reason}); still open now:"]
+    lines += [f"- {alert.summary}: {absolute(alert.path)}" for alert in still_open[:LISTED_MAX]]
+    if len(still_open) > LISTED_MAX:
+        lines.append(f"- ... and {len(still_open) - LISTED_MAX} more")
+    lines.append(f"\nCluster: {absolute(cluster.get_absolute_url())}")
+    payload = {"type": "maintenance.ended", "timestamp": now.isoformat(),
+               "data": {"version": PAYLOAD_VERSION, "channel": channel.name,
+                        "cluster": {"slug": cluster.slug, "name": cluster.name,
+                                    "url": absolute(cluster.get_absolute_url())},
+                        "window": {"id": window.pk, "reason": window.reason},
+                        "firing": [alert_json(alert) for alert in still_open]}}
+    return "maintenance.ended", title, "\n".join(lines), payload

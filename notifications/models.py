@@ -172,3 +172,18 @@ class Delivery(models.Model):
 
     def __str__(self):
         return f"delivery {self.message_id} to {self.channel}: {self.status}"
+
+
+class HeldAlert(models.Model):
+    """An alert a channel did not send because its node (or the whole cluster) was in a
+    maintenance window: once the window no longer covers it, the channel sends one summary
+    of what is still open (notifications.grouping)."""
+
+    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="held")
+    alert = models.ForeignKey(Alert, on_delete=models.CASCADE, related_name="+")
+    window = models.ForeignKey("nodes.MaintenanceWindow", on_delete=models.CASCADE,
+                               related_name="+")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["channel", "alert"],
+                                               name="one_hold_per_channel_and_alert")]

@@ -17,6 +17,7 @@ from clusterui.services import record_audit
 from healthchecks.choices import NODE_AFFECTING
 from healthchecks.models import HealthEvent
 from healthchecks.services import open_problem_events, open_problem_events_of
+from nodes import maintenance
 from nodes.choices import NodeState
 from nodes.models import Node
 
@@ -78,6 +79,8 @@ def refresh_recommendation(node, now=None):
         return current
     if in_cooldown(node, now):
         return current
+    if maintenance.occurrence_for(node, now) is not None:
+        return current  # nothing is recommended for a node in maintenance
     found = recommendation_for(node, now)
     if found is None:
         return current
@@ -269,7 +272,11 @@ def start_repair(repair, now=None):
     repair.refresh_from_db()
     if repair.status not in (Status.APPROVED, Status.WAITING):
         return repair
-    why_wait = blast_radius_verdict(repair)
+    in_maintenance = maintenance.occurrence_for(node, now)
+    if in_maintenance is not None:
+        why_wait = f"{node.name} is in {maintenance.describe(in_maintenance)}"
+    else:
+        why_wait = blast_radius_verdict(repair)
     if why_wait is not None:
         if repair.status == Status.APPROVED:
             return transition(repair, Status.WAITING, reason=why_wait, now=now,

@@ -120,6 +120,8 @@ AUDITED = {
     "notifications:delete": Audited("notification_channel.delete", "notifications.channel"),
     "api_tokens": Audited("apitoken.create", "api.apitoken"),
     "api_token_revoke": Audited("apitoken.revoke", "api.apitoken"),
+    "nodes:maintenance": Audited("maintenance.create", "nodes.maintenancewindow"),
+    "nodes:maintenance_end": Audited("maintenance.end", "nodes.maintenancewindow"),
     "logout": Audited("user.sign_out", "auth.user"),
 }
 # Sign-ins are posted by someone not yet signed in: their entries (who, from where, refused

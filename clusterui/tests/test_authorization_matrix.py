@@ -22,6 +22,7 @@ from django.conf import settings
 from django.shortcuts import resolve_url
 from django.test import Client
 from django.urls import URLResolver, get_resolver, reverse
+from django.utils import timezone
 
 from clusterui.models import Cluster, KubernetesAccess
 from clusterui.roles import Role
@@ -30,7 +31,7 @@ from clusterui.tests.factories import UserFactory
 from healthchecks.services import do_record_health_event
 from startup.services import Validation, do_save_startup_script
 from api.tokens import do_create_api_token
-from nodes.services import do_issue_join_token
+from nodes.services import do_create_maintenance_window, do_issue_join_token
 from notifications.services import do_create_channel
 from nodes.tests.factories import GpuFactory, NodeFactory
 from repairs.models import RepairSettings
@@ -160,6 +161,10 @@ TABLE = {
     "nodes:rejoin_close": Row(get=not_allowed(), post=needs(ADMINISTER, 302)),
     "nodes:remove": Row(get=not_allowed(), post=needs(ADMINISTER, 302),
                         data={"reason": "decommissioned"}),
+    "nodes:maintenance": Row(get=needs(VIEW, 200), post=needs(OPERATE, 302),
+                             data={"reason": "rack 12 power work", "nodes": "gpu-0001",
+                                   "starts_at": "2026-12-05 02:00"}),
+    "nodes:maintenance_end": Row(get=not_allowed(), post=needs(OPERATE, 302)),
     "nodes:bulk_set_role": Row(get=not_allowed(), post=needs(ADMINISTER, 302),
                                data={"nodes": ["gpu-0001"], "role": "login"}),
     # startup scripts (startup/views.py)
@@ -293,8 +298,10 @@ def world(cluster, settings):
                                    url="https://hooks.example.com/clusterui",
                                    rules=[{"kind": "repair_awaiting_approval"}], actor=setter)
     api_token, _ = do_create_api_token(setter, name="bot", expires_in_days=30)
+    window = do_create_maintenance_window(cluster, reason="reseat", nodes=[node],
+                                          starts_at=timezone.now(), actor=setter)
     return {"slug": cluster.slug, "name": node.name, "event": event.public_id,
-            "prefix": api_token.prefix,
+            "prefix": api_token.prefix, "window_id": window.pk,
             "secret": "IPMI_PASSWORD", "channel_id": channel.pk,
             "repair": repair.public_id, "join_token": join_token.public_id,
             "lifecycle": "node_boot", "role": "worker", "number": 1}
