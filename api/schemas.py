@@ -157,27 +157,27 @@ class AuditPage(Page):
 
 
 class Comment(Schema):
-    comment: str = ""
+    comment: str = Field("", max_length=500)
 
 
 class Abort(Schema):
-    comment: str
+    comment: str = Field(..., min_length=1, max_length=500)
     resume_node: bool = False
 
 
 class Propose(Schema):
-    action: str
-    reason: str
+    action: str = Field(..., max_length=16)
+    reason: str = Field(..., min_length=1, max_length=300)
 
 
 class Pause(Schema):
-    reason: str
+    reason: str = Field(..., min_length=1, max_length=200)
 
 
 class RunCheck(Schema):
-    check: str
+    check: str = Field(..., max_length=64)
 
 
 class Silence(Schema):
     hours: float
-    reason: str
+    reason: str = Field(..., max_length=200)

@@ -61,8 +61,8 @@ class Forbidden(Exception):
 class TokenAuth(HttpBearer):
     def authenticate(self, request, token):
         api_token = find_usable_token(token)
-        if api_token is None:
-            return None
+        if api_token is None or not has_role(api_token.user, Role.VIEWER):
+            return None  # a user with no role any more reads nothing either
         request.user = api_token.user
         return api_token
 
@@ -284,7 +284,7 @@ def list_repairs(request, slug: str):
 def repair_of(slug, ref):
     """A repair by its number (12, as the pages show #12) or its id."""
     repairs = repairs_of(cluster_of(slug))
-    if ref.isdigit():
+    if ref.isascii() and ref.isdigit():
         return get_object_or_404(repairs, pk=int(ref))
     try:
         return get_object_or_404(repairs, public_id=UUID(ref))
@@ -310,8 +310,8 @@ def list_jobs(request, slug: str, user: str = "", state: str = "", node: str = "
     if state:
         jobs = jobs.filter(state__iexact=state)
     if node:
-        jobs = jobs.filter(node_list__contains=node)
-    return page_of(jobs, request, job_json)
+        jobs = jobs.filter(job_nodes__node_name=node)  # as the Jobs page: one of its nodes
+    return page_of(jobs.distinct(), request, job_json)
 
 
 audit = Router(tags=["audit"])

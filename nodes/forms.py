@@ -75,9 +75,9 @@ class MaintenanceWindowForm(forms.Form):
         required=False, max_length=10000, widget=forms.Textarea(attrs={"rows": 2}),
         help_text="Node names, separated by spaces or commas; empty: the whole cluster (no "
                   "repair anywhere: how a cluster is paused).")
-    starts_at = forms.DateTimeField(help_text="UTC, e.g. 2026-12-05 02:00.")
-    ends_at = forms.DateTimeField(required=False,
-                                  help_text="UTC; empty: until someone ends it.")
+    starts_at = forms.DateTimeField(help_text="The console's time zone (TIME_ZONE, UTC unless "
+                                              "set), e.g. 2026-12-05 02:00.")
+    ends_at = forms.DateTimeField(required=False, help_text="Empty: until someone ends it.")
     cron = forms.CharField(
         required=False, max_length=100, label="recurring at (cron, UTC)",
         help_text="Empty: once. Else each occurrence starts at these times from starts_at on, "
@@ -112,3 +112,20 @@ class MaintenanceWindowForm(forms.Form):
         elif duration:
             self.add_error("duration_minutes", "A duration is for a recurring window (cron).")
         return cleaned
+
+
+class MaintenanceWindowChangeForm(forms.Form):
+    """What may change in a window once made: why, and when it ends (empty: until ended)."""
+
+    reason = forms.CharField(max_length=300)
+    ends_at = forms.DateTimeField(required=False, help_text="Empty: until someone ends it.")
+
+    def __init__(self, *args, window, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.window = window
+
+    def clean_ends_at(self):
+        ends = self.cleaned_data["ends_at"]
+        if ends is not None and ends <= self.window.starts_at:
+            raise forms.ValidationError("It must end after it starts.")
+        return ends

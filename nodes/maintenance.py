@@ -19,14 +19,14 @@ class Occurrence:
     window: MaintenanceWindow
     start: datetime
     end: datetime | None  # None: until someone ends the window
-    node_ids: frozenset  # empty: every node of the cluster
+    node_ids: frozenset  # the nodes it covers, unless it covers the whole cluster
 
     def covers(self, node_id):
-        return not self.node_ids or node_id in self.node_ids
+        return self.whole_cluster or node_id in self.node_ids
 
     @property
     def whole_cluster(self):
-        return not self.node_ids
+        return self.window.whole_cluster
 
 
 def cron_problem(expression):

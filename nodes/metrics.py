@@ -147,8 +147,9 @@ class ConsoleCollector:
                                    labels=["cluster", "signature", "severity"])
         for row in (HealthEvent.objects.open().values("node__cluster_id", "signature", "severity")
                     .annotate(n=Count("pk"))):
-            family.add_metric([clusters[row["node__cluster_id"]].slug, row["signature"],
-                               row["severity"]], row["n"])
+            if row["node__cluster_id"] in clusters:  # not one made since the scrape began
+                family.add_metric([clusters[row["node__cluster_id"]].slug, row["signature"],
+                                   row["severity"]], row["n"])
         return family
 
     def repairs(self, clusters):
@@ -169,6 +170,8 @@ class ConsoleCollector:
             seconds.setdefault((cluster_id, action, status), []).append(
                 (ended - started).total_seconds())
         for (cluster_id, action, status), values in sorted(seconds.items()):
+            if cluster_id not in clusters:
+                continue
             buckets = [(str(edge), sum(v <= edge for v in values))
                        for edge in REPAIR_DURATION_BUCKETS] + [("+Inf", len(values))]
             durations.add_metric([clusters[cluster_id].slug, action, status], buckets,
@@ -201,15 +204,17 @@ class ConsoleCollector:
         firing = GaugeMetricFamily("clusterui_alerts_firing", "Alerts firing, by kind.",
                                    labels=["cluster", "kind"])
         for row in Alert.objects.firing().values("cluster_id", "kind").annotate(n=Count("pk")):
-            firing.add_metric([clusters[row["cluster_id"]].slug, row["kind"]], row["n"])
+            if row["cluster_id"] in clusters:
+                firing.add_metric([clusters[row["cluster_id"]].slug, row["kind"]], row["n"])
         deliveries = GaugeMetricFamily(
             "clusterui_notification_deliveries", "Notification deliveries by status (failed: "
             "gave up after every retry).", labels=["cluster", "channel", "status"])
         for row in (Delivery.objects.values(cluster_id=F("channel__cluster_id"),
                                             name=F("channel__name"), state=F("status"))
                     .annotate(n=Count("pk"))):
-            deliveries.add_metric([clusters[row["cluster_id"]].slug, row["name"], row["state"]],
-                                  row["n"])
+            if row["cluster_id"] in clusters:
+                deliveries.add_metric([clusters[row["cluster_id"]].slug, row["name"],
+                                       row["state"]], row["n"])
         return firing, deliveries
 
 

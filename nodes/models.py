@@ -370,7 +370,7 @@ class PublisherStatus(models.Model):
 
 
 class MaintenanceWindow(models.Model):
-    """A time when a set of nodes (none named: the whole cluster) is in maintenance: no
+    """A time when a set of nodes (or the whole cluster) is in maintenance: no
     repair is recommended or started for them, their events are marked, and notifications
     about them wait for one summary at the window's end (nodes.maintenance). Once, from
     starts_at to ends_at (open-ended without one: how an admin pauses a cluster), or
@@ -379,6 +379,9 @@ class MaintenanceWindow(models.Model):
 
     cluster = models.ForeignKey("clusterui.Cluster", on_delete=models.CASCADE,
                                 related_name="maintenance_windows")
+    whole_cluster = models.BooleanField(
+        default=False, help_text="every node of the cluster (else only `nodes`: a window whose "
+                                 "nodes were all removed covers none)")
     nodes = models.ManyToManyField(Node, blank=True, related_name="maintenance_windows")
     reason = models.CharField(max_length=300)
     starts_at = models.DateTimeField()

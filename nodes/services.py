@@ -442,7 +442,7 @@ def do_create_maintenance_window(cluster, *, reason, starts_at, ends_at=None, cr
     """A maintenance window over `nodes` of the cluster (none: the whole cluster)."""
     now = now or timezone.now()
     window = MaintenanceWindow.objects.create(
-        cluster=cluster, reason=reason, starts_at=starts_at, ends_at=ends_at, cron=cron,
+        cluster=cluster, whole_cluster=not nodes, reason=reason, starts_at=starts_at, ends_at=ends_at, cron=cron,
         duration_minutes=duration_minutes, created_at=now, created_by_name=actor_name(actor))
     window.nodes.set(nodes)
     record_audit(actor, "maintenance.create", window, cluster=cluster, request=request, now=now,
@@ -486,4 +486,5 @@ def _window_fields(window):
     return {"reason": window.reason, "starts_at": _when(window.starts_at),
             "ends_at": _when(window.ends_at), "cron": window.cron,
             "duration_minutes": window.duration_minutes,
-            "nodes": sorted(node.name for node in window.nodes.all()) or "the whole cluster"}
+            "nodes": "the whole cluster" if window.whole_cluster
+            else sorted(node.name for node in window.nodes.all())}

@@ -11,6 +11,7 @@ urlpatterns = [
     path("~selected/pause/", views.bulk_pause, name="bulk_pause"),
     path("~selected/resume/", views.bulk_resume, name="bulk_resume"),
     path("~maintenance/", views.maintenance, name="maintenance"),
+    path("~maintenance/<int:window_id>/", views.maintenance_change, name="maintenance_change"),
     path("~maintenance/<int:window_id>/end/", views.maintenance_end, name="maintenance_end"),
     path("~selected/check/", views.bulk_check, name="bulk_check"),
     path("~selected/role/", views.bulk_set_role, name="bulk_set_role"),

@@ -26,6 +26,7 @@ from .forms import (
     BulkNodesForm,
     BulkPauseForm,
     BulkRoleForm,
+    MaintenanceWindowChangeForm,
     MaintenanceWindowForm,
     NodeRoleForm,
     PauseNodeForm,
@@ -53,6 +54,7 @@ from .services import (
     do_close_rejoin,
     do_create_maintenance_window,
     do_end_maintenance_window,
+    do_update_maintenance_window,
     do_open_rejoin,
     do_pause_node,
     do_remove_node,
@@ -372,9 +374,28 @@ def maintenance(request, slug):
 def maintenance_end(request, slug, window_id):
     cluster = get_cluster_for_user(request, slug)
     window = get_object_or_404(MaintenanceWindow, cluster=cluster, pk=window_id)
-    _may_change_window(request, whole_cluster=not window.nodes.exists())
+    _may_change_window(request, whole_cluster=window.whole_cluster)
     if do_end_maintenance_window(window, actor=request.user, request=request):
         messages.success(request, f"Maintenance window #{window.pk} ended.")
     else:
         messages.info(request, f"Maintenance window #{window.pk} had already ended.")
+    return redirect("nodes:maintenance", cluster.slug)
+
+
+@require_POST
+@require_role(Role.OPERATOR)
+def maintenance_change(request, slug, window_id):
+    cluster = get_cluster_for_user(request, slug)
+    window = get_object_or_404(MaintenanceWindow, cluster=cluster, pk=window_id)
+    _may_change_window(request, whole_cluster=window.whole_cluster)
+    form = MaintenanceWindowChangeForm(request.POST, window=window)
+    if not form.is_valid():
+        messages.error(request, " ".join(error for errors in form.errors.values()
+                                         for error in errors))
+    else:
+        changed = do_update_maintenance_window(window, reason=form.cleaned_data["reason"],
+                                               ends_at=form.cleaned_data["ends_at"],
+                                               actor=request.user, request=request)
+        messages.success(request, f"Window #{window.pk}: changed {', '.join(changed)}."
+                         if changed else f"Window #{window.pk}: nothing changed.")
     return redirect("nodes:maintenance", cluster.slug)

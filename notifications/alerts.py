@@ -21,6 +21,7 @@ from django.utils import timezone
 from clusterui.changes import Kind, read_changes
 from clusterui.models import Cluster
 from healthchecks.models import CheckRun, HealthEvent
+from nodes.models import Node
 from nodes.states import out_of_service
 from repairs.choices import Status
 from repairs.models import Repair
@@ -40,22 +41,18 @@ def update_alerts(now=None):
     with transaction.atomic():
         changes = read_changes(NOTIFIER)
         handlers = {Kind.REPAIR: _repair_changed, Kind.HEALTH_EVENT: _event_changed,
-                    Kind.CHECK_RUN: _check_run_changed, Kind.SCRIPT_RUN: _script_run_changed}
+                    Kind.CHECK_RUN: _check_run_changed, Kind.SCRIPT_RUN: _script_run_changed,
+                    Kind.NODE_STATE: _cluster_states_changed, Kind.AGENT_ACCESS: _node_gone}
         seen, moved = set(), 0
         for change in changes:
+            handler = handlers.get(change.kind)
+            key = (change.kind, change.cluster_id, change.node_id, change.object_id)
             if change.kind == Kind.NODE_STATE:
-                key = (Kind.NODE_STATE, change.cluster_id)
-                handler = _cluster_states_changed
-                argument = change.cluster_id
-            elif change.kind in handlers and change.object_id.isdigit():
-                key = (change.kind, change.object_id)
-                handler = handlers[change.kind]
-                argument = int(change.object_id)
-            else:
+                key = (Kind.NODE_STATE, change.cluster_id)  # one look at the cluster a tick
+            if handler is None or key in seen:
                 continue
-            if key not in seen:
-                seen.add(key)
-                moved += handler(argument, now)
+            seen.add(key)
+            moved += handler(change, now)
     return moved + sweep_stuck_repairs(now)
 
 
@@ -72,8 +69,9 @@ def open_alert(cluster_id, kind, key, *, summary, path, now, node=None, signatur
         with transaction.atomic():  # a concurrent sweep may open the same one
             Alert.objects.create(
                 cluster_id=cluster_id, kind=kind, key=key, summary=summary[:300], path=path,
-                opened_at=now, node_id=node.pk if node else None,
-                node_name=node.name if node else "", signature=signature, severity=severity)
+                opened_at=now, resolved_at=now if kind in ONE_OFF_KINDS else None,
+                node_id=node.pk if node else None, node_name=node.name if node else "",
+                signature=signature, severity=severity)
     except IntegrityError:
         return 0
     return 1
@@ -84,11 +82,17 @@ def resolve_alert(cluster_id, kind, key, now):
         resolved_at=now)
 
 
-def _repair_changed(repair_id, now):
-    repair = Repair.objects.select_related("node", "cluster").filter(pk=repair_id).first()
-    if repair is None:
-        return 0
-    key = f"repair:{repair.pk}"
+def _object_id(change):
+    return int(change.object_id) if change.object_id.isascii() and \
+        change.object_id.isdigit() else None
+
+
+def _repair_changed(change, now):
+    key = f"repair:{change.object_id}"
+    repair = Repair.objects.select_related("node", "cluster").filter(pk=_object_id(change)).first()
+    if repair is None:  # gone with its node: nothing awaits anyone
+        return sum(resolve_alert(change.cluster_id, kind, key, now) for kind in (
+            AlertKind.REPAIR_AWAITING_APPROVAL, AlertKind.REPAIR_STUCK))
     moved = 0
     path = repair.get_absolute_url()
     node = repair.node
@@ -111,13 +115,13 @@ def _repair_changed(repair_id, now):
     return moved
 
 
-def _event_changed(event_id, now):
+def _event_changed(change, now):
+    key = f"event:{change.object_id}"
     event = HealthEvent.objects.select_related("node", "node__cluster", "gpu").filter(
-        pk=event_id).first()
+        pk=_object_id(change)).first()
     if event is None:
-        return 0
+        return resolve_alert(change.cluster_id, AlertKind.NODE_UNHEALTHY, key, now)
     node = event.node
-    key = f"event:{event.pk}"
     if event.closed_at is not None:
         return resolve_alert(node.cluster_id, AlertKind.NODE_UNHEALTHY, key, now)
     where = f" on GPU {event.gpu.index}" if event.gpu is not None else ""
@@ -128,8 +132,9 @@ def _event_changed(event_id, now):
         summary=f"{node.name}: {event.signature} ({event.severity}){where}{message}")
 
 
-def _check_run_changed(run_id, now):
-    run = CheckRun.objects.select_related("node", "node__cluster").filter(pk=run_id).first()
+def _check_run_changed(change, now):
+    run = CheckRun.objects.select_related("node", "node__cluster").filter(
+        pk=_object_id(change)).first()
     if run is None or run.purpose != CheckRun.Purpose.ACCEPTANCE or run.status not in FAILED_CHECK:
         return 0
     node = run.node
@@ -140,9 +145,9 @@ def _check_run_changed(run_id, now):
                 f"{': ' + run.message if run.message else ''}")
 
 
-def _script_run_changed(run_id, now):
+def _script_run_changed(change, now):
     run = ScriptRun.objects.select_related("node", "node__cluster", "script").filter(
-        pk=run_id).first()
+        pk=_object_id(change)).first()
     if run is None or run.succeeded:
         return 0
     node = run.node
@@ -155,8 +160,16 @@ def _script_run_changed(run_id, now):
                 f"{run.version_number} {how}{job}")
 
 
-def _cluster_states_changed(cluster_id, now):
-    cluster = Cluster.objects.filter(pk=cluster_id).first()
+def _node_gone(change, now):
+    """A node removed (its events and repairs went with it): its alerts resolve."""
+    if change.node_id is None or Node.objects.filter(pk=change.node_id).exists():
+        return 0  # only a token revoked
+    return Alert.objects.firing().filter(cluster_id=change.cluster_id,
+                                         node_id=change.node_id).update(resolved_at=now)
+
+
+def _cluster_states_changed(change, now):
+    cluster = Cluster.objects.filter(pk=change.cluster_id).first()
     if cluster is None:
         return 0
     out, total = out_of_service(cluster)
@@ -171,23 +184,26 @@ def _cluster_states_changed(cluster_id, now):
 
 def sweep_stuck_repairs(now):
     """Open an alert for each approved, waiting or running repair with no progress (no
-    move, no step started or finished) for CLUSTERUI_NOTIFY_REPAIR_STUCK_S."""
+    move, no step started or finished) for CLUSTERUI_NOTIFY_REPAIR_STUCK_S; resolve it once
+    the repair moves again."""
     cutoff = now - timedelta(seconds=settings.CLUSTERUI_NOTIFY_REPAIR_STUCK_S)
     repairs = (Repair.objects.filter(status__in=ACTIVE_REPAIR)
                .annotate(moved_at=Max("transitions__at"), step_started=Max("steps__started_at"),
                          step_finished=Max("steps__finished_at"))
                .select_related("node", "cluster"))
-    opened = 0
+    moved = 0
     for repair in repairs:
         progress = max(at for at in (repair.moved_at, repair.step_started, repair.step_finished,
                                      repair.requested_at) if at is not None)
-        if progress > cutoff:
+        if progress > cutoff:  # moving (again)
+            moved += resolve_alert(repair.cluster_id, AlertKind.REPAIR_STUCK,
+                                   f"repair:{repair.pk}", now)
             continue
         waiting = f": {repair.waiting_reason}" if repair.waiting_reason else ""
-        opened += open_alert(
+        moved += open_alert(
             repair.cluster_id, AlertKind.REPAIR_STUCK, f"repair:{repair.pk}", now=now,
             node=repair.node, signature=repair.signature, path=repair.get_absolute_url(),
             summary=f"{repair.node.name}: repair #{repair.pk} ({repair.action}) has been "
                     f"{repair.get_status_display()} with no progress since "
                     f"{timezone.localtime(progress):%Y-%m-%d %H:%M}{waiting}")
-    return opened
+    return moved

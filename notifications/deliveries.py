@@ -13,9 +13,11 @@ Standard Webhooks spec has it).
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
+from urllib.parse import urlsplit
 
 import apprise
 import requests
@@ -89,6 +91,9 @@ def deliver(delivery_id, now=None):
 
 
 def finish(delivery, outcome, now):
+    """Record the attempt, unless its lease ran out meanwhile and another attempt took the
+    delivery over (that one records its own)."""
+    claimed_until = delivery.lease_until
     delivery.response_code, delivery.error = outcome.response_code, outcome.error[:ERROR_MAX]
     delivery.lease_until = None
     if outcome.ok:
@@ -98,21 +103,33 @@ def finish(delivery, outcome, now):
     else:
         delivery.status = Delivery.Status.PENDING
         delivery.next_attempt_at = now + timedelta(seconds=RETRY_DELAYS_S[delivery.attempts - 1])
-    delivery.save(update_fields=["status", "sent_at", "next_attempt_at", "lease_until",
-                                 "response_code", "error"])
-    if not outcome.ok:
+    recorded = Delivery.objects.filter(
+        pk=delivery.pk, status=Delivery.Status.SENDING, lease_until=claimed_until).update(
+        status=delivery.status, sent_at=delivery.sent_at, next_attempt_at=delivery.next_attempt_at,
+        lease_until=None, response_code=delivery.response_code, error=delivery.error)
+    if not recorded:
+        logger.warning("delivery %s: attempt %s outlived its lease; another attempt has it",
+                       delivery.message_id, delivery.attempts)
+    elif not outcome.ok:
         logger.warning("delivery %s to channel %s, attempt %s: %s", delivery.message_id,
                        delivery.channel_id, delivery.attempts, delivery.error)
     return delivery
 
 
+# A pending delivery due this long, and not yet taken, gets a new task message (its own
+# was lost, or the workers are behind: then one extra message a minute, not one a sweep).
+REQUEUE_AFTER = timedelta(seconds=60)
+
+
 def retry_due(now=None):
-    """Beat: send again what is due (a retry's time came, a lease ran out, a task message
-    was lost). Returns how many were queued."""
+    """Beat: queue what is due (a retry's time came, a lease ran out, a task message was
+    lost). Returns how many were queued."""
     now = now or timezone.now()
-    due = Delivery.objects.filter(
-        Q(status=Delivery.Status.PENDING, next_attempt_at__lte=now)
-        | Q(status=Delivery.Status.SENDING, lease_until__lt=now)).values_list("pk", flat=True)
+    retry = Q(status=Delivery.Status.PENDING, attempts__gt=0, next_attempt_at__lte=now)
+    lost = Q(status=Delivery.Status.PENDING, next_attempt_at__lte=now - REQUEUE_AFTER)
+    due = Delivery.objects.filter(retry | lost | Q(status=Delivery.Status.SENDING,
+                                                     lease_until__lt=now)).values_list(
+        "pk", flat=True)
     ids = list(due[:500])
     for delivery_id in ids:
         current_app.send_task(DELIVER_TASK, args=[delivery_id], queue=settings.NOTIFY_QUEUE)
@@ -138,7 +155,16 @@ def send_apprise(delivery, url):
                                body_format=apprise.NotifyFormat.MARKDOWN)
     if sent:
         return Outcome(True)
-    return Outcome(False, error=log.getvalue().strip() or "Apprise says the message was not sent")
+    return Outcome(False, error=redacted(log.getvalue().strip(), url)
+                   or "Apprise says the message was not sent")
+
+
+def redacted(text, url):
+    """`text` without the URL or any of its longer parts (tokens, paths, passwords)."""
+    for part in sorted({url, *re.split(r"[/?&=:@#]", url)}, key=len, reverse=True):
+        if len(part) >= 4 and part not in ("http", "https", "mailto", "mailtos"):
+            text = text.replace(part, "…")
+    return text[-300:]
 
 
 def signing_keys(channel, now):
@@ -174,7 +200,12 @@ def send_webhook(channel, delivery, url):
         response = requests.post(url, data=body.encode(), headers=headers,
                                  timeout=SEND_TIMEOUT_S, allow_redirects=False)
     except requests.RequestException as exc:
-        return Outcome(False, error=f"{type(exc).__name__}: {exc}")
+        # Not str(exc): it names the URL, whose path or query may be the receiver's secret.
+        cause = re.search(r"\[Errno -?\d+\] [^'\")]+|timed out|Name or service not known",
+                          str(exc))
+        return Outcome(False, error=f"{type(exc).__name__}: no answer from "
+                                    f"{urlsplit(url).hostname}"
+                                    f"{': ' + cause.group(0) if cause else ''}")
     if 200 <= response.status_code < 300:
         return Outcome(True, response.status_code)
     return Outcome(False, response.status_code,

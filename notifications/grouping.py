@@ -13,8 +13,8 @@ them is a message of its own). For each group, every tick:
 
 A channel sends at most max_per_hour messages (test messages aside): past that a message
 waits, and its group goes on gathering alerts, so the message that goes out later says
-where things stand then. One-off alerts (a failed repair) are resolved once a message
-carried them.
+where things stand then. One-off alerts (a failed repair) are sent once by each channel
+(NotificationGroup.one_offs_sent_through).
 
 An alert about a node in a maintenance window (or any alert of a cluster in a whole-cluster
 window) is held, not grouped. Once the window no longer covers it, the channel sends one
@@ -70,8 +70,9 @@ def sent_in_the_last_hour(channel, now):
 
 
 def plan_channel(channel_id, now):
-    # The channel's row lock: two planners at once plan each message once.
-    channel = (Channel.objects.select_for_update().select_related("cluster")
+    # The channel's row lock (its row only: not the cluster's, which every write in the
+    # cluster references): two planners at once plan each message once.
+    channel = (Channel.objects.select_for_update(of=("self",)).select_related("cluster")
                .filter(pk=channel_id, enabled=True).first())
     if channel is None:
         return 0
@@ -79,18 +80,16 @@ def plan_channel(channel_id, now):
     groups = {group.key: group for group in channel.groups.all()}
     occurrences = maintenance.current([channel.cluster_id], now).get(channel.cluster_id, [])
     firing, held = defaultdict(list), {}
-    for alert in Alert.objects.firing().filter(cluster_id=channel.cluster_id,
-                                               kind__in={rule.kind for rule in rules}):
-        if not any(rule_matches(rule, alert) for rule in rules):
-            continue
+    for alert in candidates(channel, rules, groups):
         holding = holding_occurrence(alert, occurrences)
         if holding is not None:
             held[alert.pk] = HeldAlert(channel=channel, alert=alert, window=holding.window)
         else:
             firing[group_key(alert)].append(alert)
     HeldAlert.objects.bulk_create(held.values(), ignore_conflicts=True)
-    planned = send_maintenance_summaries(channel, groups, set(held), now)
     budget = channel.max_per_hour - sent_in_the_last_hour(channel, now)
+    planned = send_maintenance_summaries(channel, groups, set(held), budget, now)
+    budget -= planned
     keys = set(firing) | {key for key, group in groups.items() if group.notified_alert_ids}
     for key in sorted(keys):
         if budget <= 0:
@@ -102,6 +101,25 @@ def plan_channel(channel_id, now):
     return planned
 
 
+def candidates(channel, rules, groups):
+    """The channel's alerts to group: those firing that its rules match, and the one-offs
+    its groups have not sent yet (since the channel was made)."""
+    kinds = {rule.kind for rule in rules}
+    ongoing = Alert.objects.firing().filter(cluster_id=channel.cluster_id, kind__in=kinds)
+    one_off_kinds = kinds & set(ONE_OFF_KINDS)
+    sent_through = min((groups[kind].one_offs_sent_through if kind in groups else 0)
+                       for kind in one_off_kinds) if one_off_kinds else 0
+    one_offs = (Alert.objects.filter(cluster_id=channel.cluster_id, kind__in=one_off_kinds,
+                                     opened_at__gte=channel.created_at, pk__gt=sent_through)
+                if one_off_kinds else Alert.objects.none())
+    for alert in [*ongoing.exclude(kind__in=ONE_OFF_KINDS), *one_offs]:
+        group = groups.get(group_key(alert))
+        if alert.kind in ONE_OFF_KINDS and group and alert.pk <= group.one_offs_sent_through:
+            continue
+        if any(rule_matches(rule, alert) for rule in rules):
+            yield alert
+
+
 def holding_occurrence(alert, occurrences):
     """The maintenance occurrence that holds the alert's notification back, or None."""
     for occurrence in occurrences:
@@ -111,34 +129,45 @@ def holding_occurrence(alert, occurrences):
     return None
 
 
-def send_maintenance_summaries(channel, groups, still_held, now):
+def send_maintenance_summaries(channel, groups, still_held, budget, now):
     """One message per window that no longer holds some of the channel's alerts: those of
-    them still open. They count as notified in their groups from now on. Returns how many
-    messages."""
+    them still open (and the one-offs that happened meanwhile). They count as sent in their
+    groups from now on. Returns how many messages (at most `budget`)."""
     released = (HeldAlert.objects.filter(channel=channel).exclude(alert_id__in=still_held)
                 .select_related("alert", "window").order_by("alert__opened_at"))
     by_window = defaultdict(list)
     for hold in released:
-        by_window[hold.window].append(hold.alert)
+        by_window[hold.window].append(hold)
     sent = 0
-    for window, alerts in by_window.items():
-        still_open = [alert for alert in alerts if alert.resolved_at is None]
+    for window, holds in by_window.items():
+        if sent >= budget:
+            break  # the rest wait for the rate limit, still held
+        alerts = [hold.alert for hold in holds]
+        still_open = [alert for alert in alerts
+                      if alert.kind in ONE_OFF_KINDS or alert.resolved_at is None]
         if still_open:
             create_delivery(channel, maintenance_summary(channel, window, still_open, now),
                             group_key=f"maintenance:{window.pk}", now=now)
             sent += 1
-        for alert in still_open:
-            if alert.kind in ONE_OFF_KINDS:
-                continue
-            group = groups.setdefault(group_key(alert),
-                                      NotificationGroup(channel=channel, key=group_key(alert)))
-            group.notified_alert_ids = sorted({*group.notified_alert_ids, alert.pk})
-            group.last_planned_at = now
-            group.save()
-        Alert.objects.filter(pk__in=[a.pk for a in still_open if a.kind in ONE_OFF_KINDS]
-                             ).update(resolved_at=now)
-    released.delete()
+        mark_sent(channel, groups, still_open, now)
+        HeldAlert.objects.filter(pk__in=[hold.pk for hold in holds]).delete()
     return sent
+
+
+def mark_sent(channel, groups, alerts, now):
+    """Count the alerts as sent in their groups (one save a group)."""
+    by_group = defaultdict(list)
+    for alert in alerts:
+        by_group[group_key(alert)].append(alert)
+    for key, members in by_group.items():
+        group = groups.setdefault(key, NotificationGroup(channel=channel, key=key))
+        ongoing = {alert.pk for alert in members if alert.kind not in ONE_OFF_KINDS}
+        group.notified_alert_ids = sorted(set(group.notified_alert_ids) | ongoing)
+        group.one_offs_sent_through = max(
+            [group.one_offs_sent_through,
+             *(alert.pk for alert in members if alert.kind in ONE_OFF_KINDS)])
+        group.last_planned_at = now
+        group.save()
 
 
 def plan_group(channel, group, firing, now, held_ids=frozenset()):
@@ -163,13 +192,12 @@ def plan_group(channel, group, firing, now, held_ids=frozenset()):
     resolved = list(Alert.objects.filter(pk__in=notified - firing_ids)) if notified else []
     group.notified_alert_ids = sorted({alert.pk for alert in firing
                                        if alert.kind not in ONE_OFF_KINDS} | kept)
+    group.one_offs_sent_through = max([group.one_offs_sent_through,
+                                       *(a.pk for a in firing if a.kind in ONE_OFF_KINDS)])
     group.last_planned_at = now
     group.save()
     if not firing and not channel.send_resolved:
         return False
-    one_offs = [alert.pk for alert in firing if alert.kind in ONE_OFF_KINDS]
-    if one_offs:
-        Alert.objects.filter(pk__in=one_offs).update(resolved_at=now)
     shown_resolved = resolved if channel.send_resolved else []
     create_delivery(channel, alert_message(channel, group.key, firing, shown_resolved, now),
                     group_key=group.key, now=now)

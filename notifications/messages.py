@@ -8,7 +8,7 @@ Approve button); approving stays in the console, behind sign-in.
 
 from django.conf import settings
 
-from .choices import AlertKind
+from .choices import ONE_OFF_KINDS, AlertKind
 
 # A message lists at most this many alerts of each part; the rest are counted, and the link
 # to the cluster's page shows them all.
@@ -23,11 +23,13 @@ def absolute(path):
 def alert_json(alert):
     return {
         "id": alert.pk, "kind": alert.kind, "key": alert.key,
-        "status": "resolved" if alert.resolved_at else "firing",
+        "status": "resolved" if alert.resolved_at and alert.kind not in ONE_OFF_KINDS
+        else "firing",
         "node": alert.node_name or None, "signature": alert.signature or None,
         "severity": alert.severity or None, "summary": alert.summary,
         "url": absolute(alert.path), "opened_at": alert.opened_at.isoformat(),
-        "resolved_at": alert.resolved_at.isoformat() if alert.resolved_at else None,
+        "resolved_at": alert.resolved_at.isoformat()
+        if alert.resolved_at and alert.kind not in ONE_OFF_KINDS else None,
     }
 
 

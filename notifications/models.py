@@ -94,7 +94,8 @@ class AlertQuerySet(models.QuerySet):
 class Alert(models.Model):
     """One thing that needs a person, from when it starts until it ends. `key` names it
     within its cluster and kind ("repair:12", "event:345", "cluster"): one open alert a key.
-    A one-off kind (a repair that failed) is resolved as soon as it has been sent."""
+    A one-off kind (a repair that failed) happens once: it is resolved as it opens, and each
+    channel sends it once (NotificationGroup.one_offs_sent_through)."""
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="alerts")
     kind = models.CharField(max_length=32, choices=AlertKind.choices)
@@ -129,6 +130,8 @@ class NotificationGroup(models.Model):
     key = models.CharField(max_length=100, help_text="the kind, and for nodes the signature")
     notified_alert_ids = models.JSONField(default=list, blank=True)
     last_planned_at = models.DateTimeField(null=True, blank=True)
+    one_offs_sent_through = models.BigIntegerField(
+        default=0, help_text="the newest one-off alert (by id) this group has sent")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["channel", "key"],

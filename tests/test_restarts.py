@@ -55,6 +55,9 @@ def test_a_redis_restart_drops_no_agent_connection_and_loses_no_event_or_work(pr
     node = wait_until(lambda: agent.check_running() or Node.objects.filter(
         cluster=cluster, name="gpu-blip", last_hello_at__isnull=False).first(),
         timeout=30, what="gpu-blip says hello")
+    # The agent logs its connection once welcomed, a moment after the server stored the hello.
+    wait_until(lambda: connections_opened(agent) >= 1, timeout=10,
+               what="the agent logs its connection")
     assert connections_opened(agent) == 1
 
     redis.kill()

@@ -160,3 +160,19 @@ def test_nobody_but_its_owner_or_an_admin_revokes_a_token(cluster, operator, vie
                                    ).status_code == 403
     assert ApiToken.objects.get(pk=token.pk).revoked_at is None
     assert token.prefix not in client_for(viewer).get("/account/api-tokens/").text
+
+
+def test_a_token_whose_user_lost_every_role_reads_nothing(cluster, token_for):
+    from clusterui.roles import assign_role
+    user, token = token_for(Role.VIEWER)
+    assign_role(user, None)
+    assert ApiClient(token).get("/api/v1/clusters/").status_code == 401
+
+
+def test_a_comment_longer_than_the_column_is_a_clear_422(cluster, api_as):
+    repair = RepairFactory(node=NodeFactory(cluster=cluster))
+    client, _ = api_as(Role.OPERATOR)
+    response = client.post(f"/api/v1/clusters/{cluster.slug}/repairs/{repair.pk}/approve/",
+                           {"comment": "x" * 501})
+    assert response.status_code == 422 and response["Content-Type"] == PROBLEM
+    assert client.get(f"/api/v1/clusters/{cluster.slug}/repairs/²/").status_code == 404

@@ -122,6 +122,8 @@ AUDITED = {
     "api_token_revoke": Audited("apitoken.revoke", "api.apitoken"),
     "nodes:maintenance": Audited("maintenance.create", "nodes.maintenancewindow"),
     "nodes:maintenance_end": Audited("maintenance.end", "nodes.maintenancewindow"),
+    "nodes:maintenance_change": Audited("maintenance.update", "nodes.maintenancewindow",
+                                        before_after=True),
     "logout": Audited("user.sign_out", "auth.user"),
 }
 # Sign-ins are posted by someone not yet signed in: their entries (who, from where, refused

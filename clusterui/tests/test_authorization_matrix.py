@@ -165,6 +165,8 @@ TABLE = {
                              data={"reason": "rack 12 power work", "nodes": "gpu-0001",
                                    "starts_at": "2026-12-05 02:00"}),
     "nodes:maintenance_end": Row(get=not_allowed(), post=needs(OPERATE, 302)),
+    "nodes:maintenance_change": Row(get=not_allowed(), post=needs(OPERATE, 302),
+                                    data={"reason": "reseat GPU 3", "ends_at": ""}),
     "nodes:bulk_set_role": Row(get=not_allowed(), post=needs(ADMINISTER, 302),
                                data={"nodes": ["gpu-0001"], "role": "login"}),
     # startup scripts (startup/views.py)

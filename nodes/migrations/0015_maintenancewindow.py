@@ -26,6 +26,7 @@ class Migration(migrations.Migration):
                 ('created_at', models.DateTimeField()),
                 ('created_by_name', models.CharField(max_length=150)),
                 ('cluster', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='maintenance_windows', to='clusterui.cluster')),
+                ('whole_cluster', models.BooleanField(default=False, help_text='every node of the cluster (else only `nodes`: a window whose nodes were all removed covers none)')),
                 ('nodes', models.ManyToManyField(blank=True, related_name='maintenance_windows', to='nodes.node')),
             ],
             options={

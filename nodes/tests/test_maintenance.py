@@ -169,3 +169,33 @@ def test_operators_make_node_windows_admins_whole_cluster_ones(cluster, client_f
                                          "starts_at": "2026-12-01 00:00"}).status_code == 302
     overview = client_for(operator).get(reverse("clusterui:overview", args=[cluster.slug]))
     assert "the whole cluster (pause the cluster), until someone ends it" in overview.text
+
+
+def test_a_window_is_changed_and_ended_on_the_audit_trail(cluster, client_for):
+    node = NodeFactory(cluster=cluster, name="gpu-0007")
+    operator = UserFactory(username="olga", role=Role.OPERATOR)
+    made = do_create_maintenance_window(cluster, reason="reseat", nodes=[node],
+                                        starts_at=at(5, 2), actor=operator)
+    client = client_for(operator)
+    client.post(reverse("nodes:maintenance_change", args=[cluster.slug, made.pk]),
+                {"reason": "reseat GPU 3", "ends_at": "2026-12-05 05:00"})
+    made.refresh_from_db()
+    assert (made.reason, made.ends_at) == ("reseat GPU 3", at(5, 5))
+    change = AuditEntry.objects.get(action="maintenance.update")
+    assert change.changes["reason"] == {"before": "reseat", "after": "reseat GPU 3"}
+    early = client.post(reverse("nodes:maintenance_change", args=[cluster.slug, made.pk]),
+                        {"reason": "x", "ends_at": "2026-12-05 01:00"}, follow=True)
+    assert b"It must end after it starts." in early.content
+    client.post(reverse("nodes:maintenance_end", args=[cluster.slug, made.pk]))
+    made.refresh_from_db()
+    assert made.ended_at is not None and made.ended_by_name == "olga"
+    assert AuditEntry.objects.filter(action="maintenance.end").count() == 1
+
+
+def test_a_node_window_whose_nodes_are_gone_covers_nothing(cluster, someone):
+    node = NodeFactory(cluster=cluster)
+    other = NodeFactory(cluster=cluster)
+    window(cluster, someone, nodes=[node])
+    node.delete()
+    [occurrence] = current([cluster.pk])[cluster.pk]
+    assert not occurrence.whole_cluster and not occurrence.covers(other.pk)

@@ -61,7 +61,7 @@ def test_a_failed_repair_is_one_alert_however_often_it_is_read(cluster):
         update_alerts()
     [alert] = Alert.objects.filter(kind=AlertKind.REPAIR_FAILED)
     assert "did not come back" in alert.summary
-    Alert.objects.filter(pk=alert.pk).update(resolved_at=timezone.now())  # sent
+    assert alert.resolved_at == alert.opened_at  # it happened: nothing to wait for
     announce(repair)
     update_alerts()
     assert Alert.objects.filter(kind=AlertKind.REPAIR_FAILED).count() == 1
@@ -138,5 +138,32 @@ def test_a_repair_with_no_progress_for_an_hour_is_stuck_until_it_moves(cluster, 
     repair.status = Status.SUCCEEDED
     repair.save()
     announce(repair)
+    update_alerts()
+    assert firing(AlertKind.REPAIR_STUCK) == []
+
+
+def test_alerts_of_a_removed_node_resolve(cluster, setter):
+    from nodes.services import do_remove_node
+    node = NodeFactory(cluster=cluster)
+    do_record_health_event(node, signature="xid:79", severity="critical")
+    repair = RepairFactory(node=node)
+    announce(repair)
+    update_alerts()
+    assert len(firing(AlertKind.NODE_UNHEALTHY)) == len(firing(
+        AlertKind.REPAIR_AWAITING_APPROVAL)) == 1
+    do_remove_node(node, actor=setter, reason="decommissioned")
+    update_alerts()
+    assert firing(AlertKind.NODE_UNHEALTHY) == firing(AlertKind.REPAIR_AWAITING_APPROVAL) == []
+
+
+def test_a_stuck_repair_that_moves_again_resolves(cluster, settings):
+    settings.CLUSTERUI_NOTIFY_REPAIR_STUCK_S = 3600
+    long_ago = timezone.now() - timedelta(hours=2)
+    repair = RepairFactory(node=NodeFactory(cluster=cluster), status=Status.RUNNING,
+                           requested_at=long_ago)
+    update_alerts()
+    assert len(firing(AlertKind.REPAIR_STUCK)) == 1
+    RepairTransition.objects.create(repair=repair, from_status="waiting", to_status="running",
+                                    actor_name="system", at=timezone.now())
     update_alerts()
     assert firing(AlertKind.REPAIR_STUCK) == []

@@ -117,12 +117,22 @@ def test_a_failing_receiver_is_retried_with_backoff_logged_and_finally_failed(
     assert ids == {str(delivery.message_id)}  # one id through every retry
 
 
-def test_a_receiver_that_is_down_is_an_error_in_the_log(cluster, make_channel, http_receiver):
-    channel, _ = make_channel(http_receiver.url(), kind="webhook")
+def test_a_receiver_that_is_down_is_an_error_in_the_log_without_its_url(cluster, make_channel,
+                                                                       http_receiver):
+    channel, _ = make_channel(http_receiver.url("/hook/s3cr3tpath?token=abc123"), kind="webhook")
     http_receiver.stop()
     delivery = deliver(queue(channel, channel_test_message(channel, "ada", timezone.now())).pk)
     assert delivery.status == Delivery.Status.PENDING and delivery.response_code is None
-    assert "ConnectionError" in delivery.error
+    assert delivery.error == "ConnectionError: no answer from 127.0.0.1: [Errno 111] Connection refused"
+
+
+def test_apprises_errors_are_shown_without_the_channels_url(cluster, make_channel,
+                                                            http_receiver):
+    channel, _ = make_channel(f"json://127.0.0.1:{http_receiver.port}/in/t0ken-s3cret")
+    http_receiver.statuses = [500]
+    delivery = deliver(queue(channel, channel_test_message(channel, "ada", timezone.now())).pk)
+    assert delivery.status == Delivery.Status.PENDING and delivery.error
+    assert "t0ken-s3cret" not in delivery.error
 
 
 def test_a_url_missing_from_the_secrets_store_says_so(cluster, make_channel):

@@ -86,13 +86,23 @@ def test_without_resolved_messages_a_resolved_group_says_nothing(cluster, make_c
     assert Delivery.objects.count() == 1
 
 
-def test_a_one_off_alert_is_sent_once_and_then_resolved(cluster, make_channel):
-    make_channel(URL, kinds=[AlertKind.REPAIR_FAILED], group_wait_s=0)
+def test_a_one_off_alert_is_sent_once_by_each_channel(cluster, make_channel):
+    make_channel(URL, kinds=[AlertKind.REPAIR_FAILED], group_wait_s=0, name="chat")
+    make_channel(URL, kinds=[AlertKind.REPAIR_FAILED], group_wait_s=0, name="pager")
     start = timezone.now()
     failed = alert(cluster, AlertKind.REPAIR_FAILED, signature="xid:79", opened_at=start)
-    assert plan_deliveries(now=start) == 1
-    assert Alert.objects.get(pk=failed.pk).resolved_at is not None
+    Alert.objects.filter(pk=failed.pk).update(resolved_at=start)  # as open_alert makes it
+    assert plan_deliveries(now=start) == 2
+    assert {d.channel.name for d in Delivery.objects.all()} == {"chat", "pager"}
+    [sent] = Delivery.objects.filter(channel__name="chat")
+    assert sent.payload["data"]["firing"][0]["status"] == "firing"
     assert plan_deliveries(now=start + timedelta(days=1)) == 0
+    later = alert(cluster, AlertKind.REPAIR_FAILED, signature="xid:48",
+                  opened_at=start + timedelta(hours=1), key="repair:2")
+    Alert.objects.filter(pk=later.pk).update(resolved_at=later.opened_at)
+    assert plan_deliveries(now=start + timedelta(days=1)) == 2  # the new one only
+    assert all([a["id"] for a in d.payload["data"]["firing"]] == [later.pk]
+               for d in Delivery.objects.filter(created_at=start + timedelta(days=1)))
 
 
 def test_rules_pick_severity_and_signature(cluster, make_channel):

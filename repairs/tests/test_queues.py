@@ -27,8 +27,8 @@ def test_every_sweep_of_the_beat_runs_on_the_sweeps_queue_and_the_rest_on_the_de
         assert queue_of(task) == ("sweeps" if task in SWEEPS else "celery"), task
 
 
-def test_a_worker_without_queues_named_takes_all_three():
-    assert sorted(app.amqp.queues) == ["celery", "provider", "sweeps"]
+def test_a_worker_without_queues_named_takes_all_four():
+    assert sorted(app.amqp.queues) == ["celery", "notify", "provider", "sweeps"]
 
 
 @pytest.mark.parametrize("kind, action, queue", [
@@ -54,3 +54,7 @@ def test_enqueueing_a_step_sends_it_to_its_queue_once_committed(
     with django_capture_on_commit_callbacks(execute=True):
         enqueue_step(step.pk)
     assert sent == [("repairs.tasks.run_repair_step", [step.pk], "provider")]
+
+
+def test_sending_a_notification_has_a_queue_of_its_own():
+    assert queue_of("notifications.tasks.deliver") == "notify"
