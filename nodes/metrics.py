@@ -126,7 +126,8 @@ class ConsoleCollector:
         yield from self.notifications(clusters)
 
     def nodes(self, clusters):
-        nodes = GaugeMetricFamily("clusterui_nodes", "Nodes by state.", labels=["cluster", "state"])
+        nodes = GaugeMetricFamily("clusterui_nodes", "Nodes by state.",
+                                  labels=["cluster", "state"])
         degraded = GaugeMetricFamily(
             "clusterui_cluster_degraded", "1 while more than the cluster's threshold of its "
             "nodes are out of service (paused or unhealthy).", labels=["cluster"])

@@ -14,7 +14,8 @@ class ChannelForm(forms.ModelForm):
     which kinds of alert it hears of."""
 
     url = forms.CharField(
-        label="URL", max_length=2000, required=False, widget=forms.PasswordInput(render_value=False),
+        label="URL", max_length=2000, required=False,
+        widget=forms.PasswordInput(render_value=False),
         help_text="Apprise: the service's URL, e.g. slack://T…/B…/X…, msteams://…, "
                   "pagerduty://…, opsgenie://…, mailtos://user:pass@host?to=ops@example.com. "
                   "Webhook: the https:// URL to POST to. Kept in the secrets store; never "
