@@ -458,6 +458,7 @@ CELERY_BEAT_SCHEDULE = {
     "import-jobs": every(60.0, "jobs.tasks.import_jobs"),
     "notify": every(2.0, "notifications.tasks.notify"),
     "retry-notification-deliveries": every(10.0, "notifications.tasks.retry_deliveries"),
+    "prune-notifications": every(3600.0, "notifications.tasks.prune_notifications"),
 }
 
 # Notifications (notifications/): messages link to the console at this address (what the
@@ -468,6 +469,8 @@ CLUSTERUI_PUBLIC_URL = envstr("CLUSTERUI_PUBLIC_URL", "http://localhost:8000")
 CLUSTERUI_API_RATE_PER_MIN = envint("CLUSTERUI_API_RATE_PER_MIN", 600)
 CLUSTERUI_API_TOKEN_MAX_DAYS = envint("CLUSTERUI_API_TOKEN_MAX_DAYS", 365)
 CLUSTERUI_NOTIFY_REPAIR_STUCK_S = envint("CLUSTERUI_NOTIFY_REPAIR_STUCK_S", 3600)
+# Resolved alerts and the delivery log are kept this many days.
+CLUSTERUI_NOTIFY_RETENTION_DAYS = envint("CLUSTERUI_NOTIFY_RETENTION_DAYS", 30)
 
 # The first job import of a cluster reads this many days of Slurm's accounting.
 CLUSTERUI_JOBS_BACKFILL_DAYS = envint("CLUSTERUI_JOBS_BACKFILL_DAYS", 30)

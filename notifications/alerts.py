@@ -28,7 +28,7 @@ from repairs.models import Repair
 from startup.models import ScriptRun
 
 from .choices import ONE_OFF_KINDS, AlertKind
-from .models import Alert
+from .models import Alert, Delivery
 
 NOTIFIER = "notifier"
 ACTIVE_REPAIR = (Status.APPROVED, Status.WAITING, Status.RUNNING)
@@ -207,3 +207,15 @@ def sweep_stuck_repairs(now):
                     f"{repair.get_status_display()} with no progress since "
                     f"{timezone.localtime(progress):%Y-%m-%d %H:%M}{waiting}")
     return moved
+
+
+def prune(now=None):
+    """Beat, hourly: resolved alerts and finished deliveries older than
+    CLUSTERUI_NOTIFY_RETENTION_DAYS go (the delivery log keeps that long). Returns how many
+    rows went."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(days=settings.CLUSTERUI_NOTIFY_RETENTION_DAYS)
+    alerts, _ = Alert.objects.filter(resolved_at__lt=cutoff).delete()
+    deliveries, _ = Delivery.objects.filter(
+        created_at__lt=cutoff, status__in=(Delivery.Status.SENT, Delivery.Status.FAILED)).delete()
+    return alerts + deliveries

@@ -21,3 +21,9 @@ def deliver(delivery_id):
 def retry_deliveries():
     """Beat, every 10 s: deliveries whose retry is due or whose sender died."""
     return deliveries.retry_due()
+
+
+@shared_task
+def prune_notifications():
+    """Beat, hourly: old resolved alerts and old deliveries go."""
+    return alerts.prune()

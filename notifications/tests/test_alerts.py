@@ -167,3 +167,27 @@ def test_a_stuck_repair_that_moves_again_resolves(cluster, settings):
                                     actor_name="system", at=timezone.now())
     update_alerts()
     assert firing(AlertKind.REPAIR_STUCK) == []
+
+
+def test_old_resolved_alerts_and_old_deliveries_are_pruned(cluster, make_channel, settings):
+    from notifications.alerts import prune
+    from notifications.deliveries import create_delivery
+    from notifications.messages import channel_test_message
+    from notifications.models import Delivery
+    settings.CLUSTERUI_NOTIFY_RETENTION_DAYS = 30
+    now = timezone.now()
+    old = now - timedelta(days=31)
+    channel, _ = make_channel("json://127.0.0.1:9/x")
+
+    def an_alert(key, resolved_at):
+        return Alert.objects.create(cluster=cluster, kind=AlertKind.NODE_UNHEALTHY, key=key,
+                                    summary=key, path="/", opened_at=old, resolved_at=resolved_at)
+
+    an_alert("gone", old)
+    kept = [an_alert("firing", None), an_alert("recent", now - timedelta(days=1))]
+    sent = create_delivery(channel, channel_test_message(channel, "ada", old), now=old)
+    waiting = create_delivery(channel, channel_test_message(channel, "ada", old), now=old)
+    Delivery.objects.filter(pk=sent.pk).update(status=Delivery.Status.SENT)
+    assert prune(now) == 2
+    assert set(Alert.objects.all()) == set(kept)
+    assert list(Delivery.objects.all()) == [waiting]  # not finished: kept
