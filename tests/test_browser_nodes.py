@@ -40,8 +40,10 @@ def test_the_grid_shows_a_tile_per_node_and_a_tile_opens_its_node(page, console,
     tiles = page.locator(".node-grid a.tile")
     expect(tiles).to_have_count(len(STATES))
     expect(page.locator(".node-grid a.tile.unhealthy")).to_have_count(2)
+    # The grid may be redrawn live meanwhile (a tile detached for a moment has no box).
+    expect(tiles.first).to_be_visible()
     box = tiles.first.bounding_box()
-    assert box["width"] >= 10 and box["height"] >= 10  # visible, not collapsed
+    assert box is not None and box["width"] >= 10 and box["height"] >= 10  # not collapsed
     screenshot(page, "nodes-grid")
 
     with page.expect_navigation():
