@@ -10,7 +10,7 @@ from clusterui.roles import Role
 from clusterui.tests.factories import ClusterFactory, UserFactory
 from nodes.choices import NodeState
 from nodes.models import Node
-from nodes.services import do_issue_join_token
+from nodes.services import do_issue_join_token, do_pause_node, do_resume_node
 
 from .browser import assert_no_csp_violations, screenshot, sign_in
 from .integration import wait_until
@@ -62,6 +62,15 @@ def test_the_overview_counts_a_joining_node_without_a_reload(page, console, daph
     expect(page.locator("table.timeline")).to_contain_text("gpu-001")
     util = text(page, '[data-live-usage="gpu_util_pct"]')
     assert util.endswith(" %") and 0 <= int(util.removesuffix(" %")) <= 100, util
+
+    # One node of one paused: the cluster is degraded (over 10 %), and says so live.
+    assert page.locator("#degraded").is_hidden()
+    do_pause_node(Node.objects.get(cluster=cluster, name="gpu-001"), actor=None, reason="reseat")
+    expect(page.locator("#degraded")).to_be_visible(timeout=10_000)
+    expect(page.locator("#degraded")).to_contain_text("Degraded: 1 of 1 nodes")
+    do_resume_node(Node.objects.get(cluster=cluster, name="gpu-001"),
+                   actor=UserFactory(username="otto", role=Role.OPERATOR))
+    expect(page.locator("#degraded")).to_be_hidden(timeout=10_000)
 
     assert page.evaluate("window.liveTestMarker") == MARKER
     assert navigations == []

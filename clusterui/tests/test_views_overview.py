@@ -177,9 +177,13 @@ def test_it_says_how_many_repairs_await_approval(client_for, viewer, cluster):
 def test_it_says_when_the_cluster_is_degraded(client_for, viewer, cluster):
     add_nodes(cluster, 9)
     add_nodes(cluster, 1, state=NodeState.UNHEALTHY, start=9)
-    assert 'id="degraded"' not in client_for(viewer).get(overview_url(cluster)).text  # 10 %
+    calm = client_for(viewer).get(overview_url(cluster))  # 10 %: not over
+    assert calm.context["degraded"] is None
+    assert 'id="degraded" data-degraded-threshold="10" hidden>' in calm.text
 
     add_nodes(cluster, 1, state=NodeState.PAUSED, start=10)
     response = client_for(viewer).get(overview_url(cluster))
     assert response.context["degraded"] == {"out": 2, "total": 11}
-    assert "Degraded: 2 of 11 nodes are out of service" in response.text
+    assert ('Degraded: <span data-degraded="out">2</span> of <span data-degraded="total">11'
+            '</span> nodes are out of service') in response.text
+    assert 'data-degraded-threshold="10">' in response.text  # shown: not hidden

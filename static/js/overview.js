@@ -1,5 +1,21 @@
 // The overview's usage chart: the last hour of per-minute rollups, then extended live
 // with each second's cluster summary (static/js/live.js).
+// The "degraded" line follows each summary's counts: more than the cluster's threshold of
+// its nodes paused or unhealthy (Cluster.is_degraded, the same rule).
+(function () {
+  const line = document.getElementById("degraded");
+  if (!line) return;
+  const threshold = Number(line.dataset.degradedThreshold);
+  document.body.addEventListener("cluster-summary", function (e) {
+    const counts = e.detail.counts || {};
+    const out = (counts.paused || 0) + (counts.unhealthy || 0);
+    const total = Object.values(counts).reduce(function (sum, n) { return sum + n; }, 0);
+    line.querySelector('[data-degraded="out"]').textContent = out;
+    line.querySelector('[data-degraded="total"]').textContent = total;
+    line.hidden = !(total > 0 && out * 100 > total * threshold);
+  });
+})();
+
 (function () {
   const el = document.getElementById("usage-chart");
   const data = document.getElementById("usage-series");
