@@ -20,6 +20,7 @@ from nodes.states import refresh_node_states
 from .checks import ACCEPTANCE_CHECKS, AFTER_REBOOT_CHECKS, CHECKS, params_for
 from .choices import NODE_AFFECTING, Severity, Source
 from .models import CheckRun, HealthEvent, Silence
+from .signatures import is_notice
 
 
 def open_problem_events(node, now):
@@ -178,9 +179,42 @@ def do_record_signals(signals, *, source=Source.PASSIVE, now=None):
     Safe under concurrency: the database allows one open event per (node, GPU, signature);
     a signal that loses the race to open it counts on the winner's event.
 
+    A notice (healthchecks.signatures: slurmd restarted, a job's cleanup) is an event of its
+    own, closed as it is recorded; a clear of one changes nothing.
+
     Returns, per signal, the event it opened, counted on or closed (None: a clear with
     nothing open)."""
     now = now or timezone.now()
+    notice_at = [is_notice(signal.signature) for signal in signals]
+    if not any(notice_at):
+        return _record_conditions(signals, source, now)
+    touched = [None] * len(signals)
+    notices = [i for i, signal in enumerate(signals) if notice_at[i] and not signal.cleared]
+    for i, event in zip(notices, _record_notices([signals[i] for i in notices], source, now)):
+        touched[i] = event
+    others = [i for i in range(len(signals)) if not notice_at[i]]
+    for i, event in zip(others, _record_conditions([signals[i] for i in others], source, now)):
+        touched[i] = event
+    return touched
+
+
+NOTICE_CLOSED_REASON = "a notice: recorded as it happened"
+
+
+def _record_notices(signals, source, now):
+    """Each notice as an event of its own, closed at once (one insert)."""
+    events = HealthEvent.objects.bulk_create([
+        HealthEvent(node=signal.node, gpu=signal.gpu, signature=signal.signature,
+                    severity=signal.severity, source=source, message=signal.message,
+                    evidence=signal.evidence, first_seen=now, last_seen=now,
+                    count=signal.count, closed_at=now, closed_reason=NOTICE_CLOSED_REASON)
+        for signal in signals])
+    record_changes(Kind.HEALTH_EVENT, [(signal.node.cluster_id, event.node_id, event.pk)
+                                       for signal, event in zip(signals, events)], now=now)
+    return events
+
+
+def _record_conditions(signals, source, now):
     node_ids = {signal.node.pk for signal in signals}
     open_events = {
         (event.node_id, event.gpu_id, event.signature): event

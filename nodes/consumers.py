@@ -28,7 +28,7 @@ from common.groups import agent_group, cluster_group
 from . import ingest
 from .admission import FrameBucket, HelloAdmission, NewEventCounts
 from .event_batches import event_writer
-from .live import get_live_store, live_entry
+from .live import get_live_store, known_hygiene, live_entry
 from .protocol import MAX_FRAME_BYTES, BadFrame, parse_frame, quick_read
 from .publisher import ensure_publisher
 
@@ -98,6 +98,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.limited_since = self.last_limited = None
         self.events_in_flight = set()  # tasks storing this connection's events
         self.memory_totals = {}
+        self.hygiene = None  # the latest sample.hygiene on this connection (nodes.live)
         self.live_store = get_live_store()
         self.token = bearer_token(self.scope)
         try:
@@ -373,8 +374,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 "message": f"sample.gpus: not in this connection's hello, dropped: "
                            f"{', '.join(unknown)}",
             })
+        if frame.get("hygiene") is not None:
+            self.hygiene = known_hygiene(frame["hygiene"])
         self.live_store.record(self.cluster_id, live_entry(
-            frame, node_id=self.node_id, received_at=time.time(), memory_totals=self.memory_totals))
+            frame, node_id=self.node_id, received_at=time.time(), memory_totals=self.memory_totals,
+            hygiene=self.hygiene))
 
     async def on_event(self, frame):
         """Handed to the batch writer; the answer goes when its batch is stored, and the

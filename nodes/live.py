@@ -14,7 +14,7 @@ import asyncio
 import orjson
 from django.conf import settings
 
-from .protocol import SAMPLE_GPU, SAMPLE_NODE
+from .protocol import HYGIENE, SAMPLE_GPU, SAMPLE_NODE
 
 LIVE_KEY = "clusterui:live:{cluster_id}"
 # Samples recorded by every server process since Redis started: one INCRBY per flush
@@ -28,10 +28,22 @@ _GPU_FIELDS = tuple(SAMPLE_GPU)
 _NODE_FIELDS = tuple(SAMPLE_NODE)
 
 
-def live_entry(frame, *, node_id, received_at, memory_totals):
+def known_hygiene(hygiene):
+    """A sample's `hygiene`, its protocol fields only; None when it has none."""
+    if not hygiene:
+        return None
+    kept = {}
+    for part, (fields, _) in HYGIENE.items():
+        if hygiene.get(part) is not None:
+            kept[part] = {field: hygiene[part].get(field) for field in fields}
+    return kept
+
+
+def live_entry(frame, *, node_id, received_at, memory_totals, hygiene=None):
     """What the store keeps of a sample: its GPUs' readings (with their memory totals) and
     the node's metrics, the protocol's fields only (a sample may carry fields this server
-    does not know, of any size: PROTOCOL.md has a receiver ignore them)."""
+    does not know, of any size: PROTOCOL.md has a receiver ignore them). `hygiene`: the
+    connection's latest known_hygiene(), which only some samples carry."""
     gpus = []
     for gpu in frame["gpus"]:
         reading = {field: gpu.get(field) for field in _GPU_FIELDS}
@@ -40,7 +52,8 @@ def live_entry(frame, *, node_id, received_at, memory_totals):
     node = frame.get("node") or {}
     return {"node_id": node_id, "seq": frame["seq"], "ts": frame["ts"],
             "received_at": received_at, "gpus": gpus,
-            "node": {field: node.get(field) for field in _NODE_FIELDS}}
+            "node": {field: node.get(field) for field in _NODE_FIELDS},
+            "hygiene": hygiene}
 
 
 def _encode(entry):

@@ -9,6 +9,23 @@ every string is valid Unicode without NUL, every number finite, every integer wi
 bits (_check_values walks the whole frame), identifiers have a length and a shape, and free
 text over its limit is cut to it, ending in "…" (the frame is changed in place).
 
+Node hygiene (issue 17; to be written into PROTOCOL.md), all optional, in PROTOCOL.md's
+limit classes:
+
+- sample.hygiene: {"slurmd": {state, pid, since, restarts, last_restart_at, watched_by,
+  restart}, "processes": {zombies, orphans, tasks, pid_max, checked_at}, "gres": {match,
+  nvml_gpus, slurm_gpus, checked_at}} (HYGIENE: identifiers of 16 characters, integers >= 0,
+  numbers, booleans). Sent when the readings change and at least once a minute, and in the
+  first sample of a connection; the server keeps the latest with the node's live entry.
+- events with new signatures (healthchecks.signatures says what each means):
+  `slurmd_restarted` and `job_cleanup` (info notices: each its own event, closed at once),
+  `slurmd_down`, `slurmd_flapping`, `zombie_processes`, `pid_pressure`, `job_leftovers`,
+  `gres_drift` (warning, held: a `cleared` event ends each). Their `detail` keeps the
+  16 KiB limit: lists are cut by the agent, with their totals.
+- commands `cleanup` (end the orphans of ended jobs, signal zombies' parents) and
+  `reconfigure` (the repair: Slurm's GPU view rebuilt from the hardware): `accepted`, then
+  `ok` with what was done, or `failed` with why.
+
 Samples are most of the traffic (one a second from every node), so they take a fast path:
 orjson decodes them and a few set operations check them (_sample_is_valid). Whatever the
 fast path does not accept outright goes the exact way every other frame goes: the standard
@@ -172,6 +189,34 @@ SAMPLE_NODE = {
     field: (_number, False) for field in ("cpu_pct", "mem_used_bytes", "net_rx_bps", "net_tx_bps")
 }
 SLURM = {"state": (_text(64), False), "reason": (_free_text(500), False)}
+_count = _integer_in(0, INT64_MAX)
+# sample.hygiene (optional; issue 17): the agent's latest node-hygiene readings on a Slurm
+# node, sent in a sample when they change and at least every minute, not in every sample.
+# The server keeps the latest with the node's live entry (nodes.live).
+HYGIENE = {
+    "slurmd": ({
+        "state": (_text(16), False),  # running, stopped, restarting
+        "pid": (_count, False),
+        "since": (_number, False),  # Unix seconds: when this slurmd started
+        "restarts": (_count, False),  # by this agent run
+        "last_restart_at": (_number, False),
+        "watched_by": (_text(16), False),  # systemd, process
+        "restart": (_boolean, False),  # whether the agent restarts a dead slurmd
+    }, False),
+    "processes": ({
+        "zombies": (_count, False),
+        "orphans": (_count, False),  # of ended jobs: re-parented to init, no job of their user
+        "tasks": (_count, False),  # against pid_max (threads count)
+        "pid_max": (_count, False),
+        "checked_at": (_number, False),
+    }, False),
+    "gres": ({
+        "match": (_boolean, False),
+        "nvml_gpus": (_count, False),
+        "slurm_gpus": (_count, False),
+        "checked_at": (_number, False),
+    }, False),
+}
 
 FRAMES = {
     "hello": {
@@ -189,6 +234,7 @@ FRAMES = {
         "ts": (_number, True),
         "gpus": ([SAMPLE_GPU], True),
         "node": (SAMPLE_NODE, False),
+        "hygiene": (HYGIENE, False),
     },
     "event": {
         "id": (_event_id, True),
@@ -330,7 +376,10 @@ _NEEDS_EXACT_CHECK = re.compile(r"\\u0000|[0-9]{19}")
 
 
 def _sample_is_valid(frame):
-    """True for a sample that is certainly valid; False: it needs the exact check."""
+    """True for a sample that is certainly valid; False: it needs the exact check (a sample
+    with `hygiene` takes it: one a minute per node at most)."""
+    if frame.get("hygiene") is not None:
+        return False
     if type(frame.get("seq")) is not int or type(frame.get("ts")) not in _REQUIRED_NUMBER:
         return False
     gpus = frame.get("gpus")

@@ -3,6 +3,7 @@ with live numbers (one read of the live store) and worst open signals (one query
 node page's charts, SSH command and GPU inventory review."""
 
 import time
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.core.paginator import Paginator
@@ -20,7 +21,7 @@ from . import maintenance
 from .choices import NodeRole
 from .filters import DB_SORTS, LIVE_SORTS, SORT_CHOICES, NodeFilter
 from .live import get_live_store
-from .models import MaintenanceWindow, Node, NodeRollup
+from .models import AgentCommand, MaintenanceWindow, Node, NodeRollup
 from .publisher import stale_after_s
 from .rollups import reading
 
@@ -160,3 +161,83 @@ def maintenance_windows(cluster, now=None):
             window.ends_at is not None and window.ends_at <= now)
         window.node_names = sorted(node.name for node in window.nodes.all())
     return windows
+
+
+# The node page's hygiene panel (issue 17): what the agent reports of slurmd, the process
+# table and Slurm's GPUs, and what the job ends and clean-ups did.
+HYGIENE_EVENTS = ("slurmd_down", "slurmd_flapping", "zombie_processes", "pid_pressure",
+                  "job_leftovers", "gres_drift")
+JOB_CLEANUPS_SHOWN = 10
+SLURMD_RESTARTS_SHOWN = 5
+
+
+def _from_timestamp(value):
+    if value is None:
+        return None
+    return datetime.fromtimestamp(value, tz=UTC)
+
+
+def hygiene_context(node, now=None):
+    """The latest hygiene readings (the live entry's; `hygiene_stale` once the node stopped
+    reporting), the open hygiene events, the recent slurmd restarts and job-end cleanups,
+    and the latest clean-up command."""
+    now = now or timezone.now()
+    entry = get_live_store().read_node(node.cluster_id, node.pk)
+    hygiene = (entry or {}).get("hygiene") or {}
+    slurmd = hygiene.get("slurmd")
+    events = node.health_events
+    restarts = events.filter(signature="slurmd_restarted",
+                             first_seen__gte=now - timedelta(hours=24))
+    cleanup = (node.agent_commands.filter(action=AgentCommand.Action.CLEANUP)
+               .select_related("requested_by").order_by("-id").first())
+    context = {
+        "hygiene": hygiene,
+        "hygiene_stale": bool(entry) and time.time() - entry["received_at"] > stale_after_s(),
+        "slurmd": slurmd,
+        "slurmd_since": _from_timestamp((slurmd or {}).get("since")),
+        "slurmd_restarts_24h": restarts.count(),
+        "slurmd_restarts": list(restarts.order_by("-first_seen")[:SLURMD_RESTARTS_SHOWN]),
+        "processes": hygiene.get("processes"),
+        "gres": hygiene.get("gres"),
+        "hygiene_events": {event.signature: event for event in
+                           events.open().filter(signature__in=HYGIENE_EVENTS)},
+        "job_cleanups": [job_cleanup_row(event) for event in events.filter(
+            signature="job_cleanup").order_by("-first_seen")[:JOB_CLEANUPS_SHOWN]],
+        "cleanup_command": cleanup,
+    }
+    processes = context["processes"] or {}
+    if processes.get("tasks") is not None and processes.get("pid_max"):
+        context["pid_pct"] = round(100 * processes["tasks"] / processes["pid_max"], 1)
+    context["hygiene_shown"] = bool(
+        hygiene or node.slurm_state or context["hygiene_events"] or context["job_cleanups"]
+        or cleanup)
+    return context
+
+
+def _how_many(value):
+    """A count the agent reports as a number or as the list of what it counts."""
+    if isinstance(value, list):
+        return len(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def job_cleanup_row(event):
+    """One job end on the node page, from its job_cleanup notice (agent.hygiene.job_cleanup's
+    report)."""
+    report = event.evidence
+    return {
+        "at": event.first_seen,
+        "job_id": report.get("job_id"),
+        "user": report.get("user"),
+        "method": report.get("method"),
+        "found": _how_many(report.get("found")),
+        "ended": _how_many(report.get("ended")),
+        "killed": _how_many(report.get("killed")),
+        "left": _how_many(report.get("left")),
+        "gpu_processes": report.get("gpu_processes") or [],
+        "gpu_check": report.get("gpu_check"),
+        "shm_removed": _how_many(report.get("shm_removed")),
+        "shm_removed_bytes": report.get("shm_removed_bytes") or 0,
+        "shm_skipped": report.get("shm_skipped"),
+        "message": event.message,
+    }

@@ -35,7 +35,7 @@ from .forms import (
 )
 from .live import get_live_store
 from .metrics import render_metrics
-from .models import MaintenanceWindow
+from .models import AgentCommand, MaintenanceWindow
 from .publisher import stale_after_s
 from .queries import (
     CHART_METRICS,
@@ -43,6 +43,7 @@ from .queries import (
     get_node_for_user,
     gpu_inventory_context,
     grafana_url,
+    hygiene_context,
     maintenance_windows,
     node_list_context,
     ssh_command,
@@ -58,6 +59,7 @@ from .services import (
     do_open_rejoin,
     do_pause_node,
     do_remove_node,
+    do_send_command,
     do_resume_node,
     do_set_node_role,
     rejoin_opening,
@@ -92,6 +94,7 @@ def node_detail(request, slug, name):
         **check_runs_context(node.cluster, node.check_runs.select_related(
             "node", "requested_by", "health_event"), QueryDict(f"node={node.name}"), node=node),
         **node_repairs_context(node),
+        **hygiene_context(node),
         "ssh_command": ssh_command(node, request.user),
         "chart_range": request.GET.get("range") if request.GET.get("range") in CHART_RANGES
         else "hour",
@@ -123,6 +126,29 @@ def node_live(request, slug, name):
     return JsonResponse({"at": entry["ts"], "gpus": {
         gpu["uuid"]: {metric: gpu.get(metric) for metric in CHART_METRICS}
         for gpu in entry["gpus"]}})
+
+
+@require_GET
+@require_role(Role.VIEWER)
+def node_hygiene(request, slug, name):
+    """The node page's hygiene panel (it polls this)."""
+    node = get_node_for_user(request, slug, name)
+    return render(request, "nodes/detail.html#node-hygiene",
+                  {"cluster": node.cluster, "node": node, **hygiene_context(node)})
+
+
+@require_POST
+@require_role(Role.OPERATOR)
+def node_cleanup(request, slug, name):
+    """Ask the node's agent to end the orphans of ended jobs and signal zombies' parents."""
+    node = get_node_for_user(request, slug, name)
+    command = do_send_command(node, AgentCommand.Action.CLEANUP, actor=request.user,
+                              request=request)
+    if request.htmx:
+        return render(request, "nodes/detail.html#node-hygiene",
+                      {"cluster": node.cluster, "node": node, **hygiene_context(node)})
+    messages.success(request, f"Clean-up #{command.pk} asked of {node.name}'s agent.")
+    return redirect("nodes:detail", node.cluster.slug, node.name)
 
 
 @require_POST

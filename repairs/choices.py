@@ -2,17 +2,20 @@ from django.db import models
 
 
 class Action(models.TextChoices):
-    """DESIGN.md's four repair actions, cheapest first."""
+    """DESIGN.md's repair actions, cheapest first (reset_gpu is not built yet)."""
 
+    RECONFIGURE = "reconfigure", "reconfigure"
     REBOOT = "reboot", "reboot"
     REPROVISION = "reprovision", "reprovision"
     FAILOVER = "failover", "failover"
     REMOVE = "remove", "remove"
 
 
-ACTIONS_BY_COST = [Action.REBOOT, Action.REPROVISION, Action.FAILOVER, Action.REMOVE]
+ACTIONS_BY_COST = [Action.RECONFIGURE, Action.REBOOT, Action.REPROVISION, Action.FAILOVER, Action.REMOVE]
 
 ACTION_EXPLANATIONS = {
+    Action.RECONFIGURE: "Slurm's GPU view rebuilt from the hardware (the node's gres.conf and "
+                        "the controller's); running jobs go on",
     Action.REBOOT: "reboot in place; local data is kept",
     Action.REPROVISION: "a clean OS image; local data is cleared",
     Action.FAILOVER: "the workload moves to a fresh node; local data is cleared",
@@ -24,8 +27,14 @@ def cost(action):
     return ACTIONS_BY_COST.index(action)
 
 
+# The actions the node's agent carries out (a command); the others are the provider's.
+AGENT_ACTIONS = (Action.RECONFIGURE, Action.REBOOT)
+# The actions only some signatures call for.
+ACTION_SIGNATURES = {Action.RECONFIGURE: ("gres_drift",)}
+
+
 def one_step_costlier(action):
-    """reboot -> reprovision -> failover -> remove (remove stays remove)."""
+    """reconfigure -> reboot -> reprovision -> failover -> remove (remove stays remove)."""
     return ACTIONS_BY_COST[min(cost(action) + 1, len(ACTIONS_BY_COST) - 1)]
 
 
@@ -74,6 +83,9 @@ class StepKind(models.TextChoices):
 
 # The steps of each action, in order.
 STEPS = {
+    # slurmd restarts in place: nothing to drain, no boot to wait for; verify sees Slurm's
+    # view match the hardware again.
+    Action.RECONFIGURE: [StepKind.ACT, StepKind.VERIFY],
     Action.REBOOT: [StepKind.DRAIN, StepKind.ACT, StepKind.WAIT_FOR_NODE, StepKind.VERIFY,
                     StepKind.RESUME],
     Action.REPROVISION: [StepKind.DRAIN, StepKind.ACT, StepKind.WAIT_FOR_NODE, StepKind.VERIFY,

@@ -2,7 +2,7 @@ import re
 
 from django import forms
 
-from .choices import Action
+from .choices import ACTION_SIGNATURES, Action
 from .providers import ACTIONS as PROVIDER_ACTIONS
 from .providers import validate_command_template
 from .models import RepairSettings
@@ -98,6 +98,9 @@ class RepairPolicyForm(forms.Form):
         if cleaned.get("auto_approve") and cleaned.get("action") in (DEFAULT, NONE):
             self.add_error("auto_approve", "Auto-approve needs an action: choose the one that "
                                            "may start without a person.")
+        allowed = ACTION_SIGNATURES.get(cleaned.get("action"))
+        if allowed and cleaned.get("signature") not in allowed:
+            self.add_error("action", f"{cleaned['action']} repairs {', '.join(allowed)} only.")
         return cleaned
 
     def policy_action(self):

@@ -10,6 +10,12 @@ Defaults:
     ecc_dbe, row_remap_pending, gpu_recovery_action, slow_gpu, check:<name>
                             reboot: a GPU reset (here, a reboot) is what clears them
     row_remap_failure       remove: the memory can no longer be repaired in place
+    slurmd_down, slurmd_flapping, job_leftovers
+                            reboot: slurmd keeps dying, or a process holds GPU memory that
+                            ending it did not free (the next job would start on a dirty GPU)
+    gres_drift              reconfigure (then reboot, by escalation)
+    zombie_processes, pid_pressure
+                            none: the node page's clean-up is the operator's tool
     anything else           none (heartbeat_lost among them: an agent that does not answer
                             cannot reboot its node; an operator decides)
 """
@@ -35,6 +41,10 @@ DEFAULT_ACTIONS = {
     "gpu_recovery_action": Action.REBOOT,
     "slow_gpu": Action.REBOOT,
     "row_remap_failure": Action.REMOVE,
+    "slurmd_down": Action.REBOOT,
+    "slurmd_flapping": Action.REBOOT,
+    "job_leftovers": Action.REBOOT,
+    "gres_drift": Action.RECONFIGURE,
     **{signature: Action.FAILOVER for signature in THROTTLE_SIGNATURES},
 }
 

@@ -21,7 +21,7 @@ from nodes import maintenance
 from nodes.choices import NodeState
 from nodes.models import Node
 
-from .choices import STEPS, Action, Status, StepKind, StepStatus, cost
+from .choices import AGENT_ACTIONS, STEPS, Status, StepKind, StepStatus, cost
 from .live import announce_repair_change
 from .models import Repair, RepairPolicy, RepairSettings, RepairStep
 from .policy import choose_action, escalate, in_cooldown
@@ -303,7 +303,7 @@ RUN_STEP_TASK = "repairs.tasks.run_repair_step"
 def step_queue(kind, action):
     """The provider's commands (a reprovision, a failover, a removal: minutes) have a queue
     of their own; every other step is short."""
-    if kind == StepKind.ACT and action != Action.REBOOT:
+    if kind == StepKind.ACT and action not in AGENT_ACTIONS:
         return django_settings.PROVIDER_QUEUE
     return django_settings.CELERY_TASK_DEFAULT_QUEUE
 

@@ -1,5 +1,5 @@
 """Running a repair: drain -> act -> wait for the node -> verify -> resume (remove: drain ->
-act). Each step is one short Celery task (repairs.tasks.run_repair_step); a step that has
+act; reconfigure: act -> verify, slurmd restarting in place). Each step is one short Celery task (repairs.tasks.run_repair_step); a step that has
 to wait (jobs to end, the node to boot, a check to finish) says when to look again and the
 beat task runs it again then. No task sleeps.
 
@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from healthchecks.checks import AFTER_REBOOT_CHECKS
 from healthchecks.inventory import do_accept_gpu_inventory
-from healthchecks.models import CheckRun
+from healthchecks.models import CheckRun, HealthEvent
 from healthchecks.services import do_request_checks
 from nodes.models import AgentCommand
 from nodes.services import (
@@ -90,6 +90,10 @@ def send_reboot(node):
     return do_send_command(node, AgentCommand.Action.REBOOT)
 
 
+GRES_DRIFT = "gres_drift"
+RECONFIGURE_VERIFY_TIMEOUT = timedelta(minutes=5)
+
+
 # The steps. Each takes (repair, step, now) and returns Done, Wait or Failed.
 
 
@@ -121,7 +125,9 @@ def drain(repair, step, now):
 
 def act(repair, step, now):
     if repair.action == Action.REBOOT:
-        return act_reboot(repair, step)
+        return act_by_agent(repair, step, AgentCommand.Action.REBOOT)
+    if repair.action == Action.RECONFIGURE:
+        return act_by_agent(repair, step, AgentCommand.Action.RECONFIGURE)
     if "provider_done" in step.details:
         return Done(f"{repair.action} done by the provider")
     if "provider_started" in step.details:
@@ -155,20 +161,24 @@ def open_for_rejoin(repair, now):
     return plaintext
 
 
-def act_reboot(repair, step):
+def act_by_agent(repair, step, action):
+    """The agent's command for the action, sent once. A reboot is under way once accepted
+    (the wait step sees it done); a reconfigure is done when the agent says ok."""
     command_id = step.details.get("command_id")
     if command_id is None:
         with transaction.atomic():
-            command = send_reboot(repair.node)
+            command = do_send_command(repair.node, action)
             set_details(step, command_id=command.pk)
-        return Wait(f"reboot command #{command.pk} sent to the agent")
+        return Wait(f"{action} command #{command.pk} sent to the agent")
     command = AgentCommand.objects.get(pk=command_id)
-    if command.status in ("accepted", "ok"):
-        return Done(f"the agent accepted reboot command #{command.pk}", command.message)
+    done = ("accepted", "ok") if action == AgentCommand.Action.REBOOT else ("ok",)
+    if command.status in done:
+        verb = "accepted" if command.status == "accepted" else "carried out"
+        return Done(f"the agent {verb} {action} command #{command.pk}", command.message)
     if command.status in ("failed", "timed_out"):
-        return Failed(f"reboot command #{command.pk} {command.get_status_display()}: "
+        return Failed(f"{action} command #{command.pk} {command.get_status_display()}: "
                       f"{command.message}")
-    return Wait(f"reboot command #{command.pk} is {command.get_status_display()}")
+    return Wait(f"{action} command #{command.pk} is {command.get_status_display()}")
 
 
 def wait_for_node(repair, step, now):
@@ -183,6 +193,8 @@ def wait_for_node(repair, step, now):
 
 
 def verify(repair, step, now):
+    if repair.action == Action.RECONFIGURE:
+        return verify_reconfigured(repair, step, now)
     node = repair.node
     node.refresh_from_db()
     runs = CheckRun.objects.filter(pk__in=step.details.get("runs", [])).order_by("pk")
@@ -207,6 +219,18 @@ def verify(repair, step, now):
     # A replaced GPU joins the inventory here (DESIGN.md: the verify step accepts it).
     do_accept_gpu_inventory(node, actor=None)
     return Done(f"passed {', '.join(run.check_name for run in runs)}")
+
+
+def verify_reconfigured(repair, step, now):
+    """The agent compares NVML's GPUs with Slurm's view again after its reconfigure, and
+    closes gres_drift when they match."""
+    still = HealthEvent.objects.open().filter(node=repair.node, signature=GRES_DRIFT).first()
+    if still is None:
+        return Done("Slurm's view of the GPUs matches the hardware")
+    if now > (step.started_at or now) + RECONFIGURE_VERIFY_TIMEOUT:
+        return Failed(f"gres_drift is still open {RECONFIGURE_VERIFY_TIMEOUT.seconds // 60} min "
+                      f"after the reconfigure: {still.message}")
+    return Wait("waiting for the agent to see Slurm's view match the hardware")
 
 
 def resume(repair, step, now):
@@ -339,8 +363,15 @@ def record_outcome(step, outcome, now):
         announce_repair_change(repair)
         return
     transition(repair, Status.SUCCEEDED, reason="every step done", now=now, finished_at=now,
-               outcome=outcome.message if repair.action == Action.REMOVE else
-               "repaired: drained, acted, back, verified and resumed")
+               outcome=SUCCESS_OUTCOMES.get(repair.action, outcome.message))
+
+
+SUCCESS_OUTCOMES = {
+    Action.RECONFIGURE: "repaired: Slurm's GPU view rebuilt from the hardware, and verified",
+    Action.REBOOT: "repaired: drained, acted, back, verified and resumed",
+    Action.REPROVISION: "repaired: drained, acted, back, verified and resumed",
+    Action.FAILOVER: "repaired: drained, acted, back, verified and resumed",
+}
 
 
 def fail_repair(repair, why, now):

@@ -86,6 +86,7 @@ AUDITED = {
     "nodes:accept_gpu_inventory": Audited("node.accept_gpu_inventory", "nodes.node",
                                           setup=replace_a_gpu),
     "nodes:bulk_pause": Audited("node.pause", "nodes.node"),
+    "nodes:cleanup": Audited("agentcommand.send", "nodes.agentcommand"),
     "nodes:bulk_resume": Audited("node.resume", "nodes.node", setup=pause_the_node),
     "nodes:bulk_check": Audited("checkrun.request", "healthchecks.checkrun"),
     "nodes:set_role": Audited("node.set_role", "nodes.node", before_after=True),

@@ -149,6 +149,8 @@ TABLE = {
     "nodes:accept_gpu_inventory": Row(get=not_allowed(), post=needs(OPERATE, 302)),
     "nodes:charts": Row(get=needs(VIEW, 200), post=not_allowed()),
     "nodes:live": Row(get=needs(VIEW, 200), post=not_allowed()),
+    "nodes:hygiene": Row(get=needs(VIEW, 200), post=not_allowed()),
+    "nodes:cleanup": Row(get=not_allowed(), post=needs(OPERATE, 302)),
     "nodes:bulk_pause": Row(get=not_allowed(), post=needs(OPERATE, 302),
                             data={"nodes": ["gpu-0001"], "reason": "reseat"}),
     "nodes:bulk_resume": Row(get=not_allowed(), post=needs(OPERATE, 302),
