@@ -119,10 +119,13 @@ class ConsoleCollector:
 
     def collect(self):
         clusters = {cluster.pk: cluster for cluster in Cluster.objects.all()}
+        store = get_live_store()
+        live = {cluster_id: store.read(cluster_id) for cluster_id in clusters}
         yield from self.nodes(clusters)
         yield self.open_events(clusters)
         yield from self.repairs(clusters)
-        yield from self.live(clusters)
+        yield from self.live(clusters, live)
+        yield from self.hygiene(clusters, live)
         yield from self.notifications(clusters)
 
     def nodes(self, clusters):
@@ -179,16 +182,16 @@ class ConsoleCollector:
                                  sum(values))
         return by_status, durations
 
-    def live(self, clusters):
+    def live(self, clusters, live):
         connected = GaugeMetricFamily(
             "clusterui_connected_agents", "Nodes whose agent sent a sample recently (within "
             "three sample intervals).", labels=["cluster"])
         lag = GaugeMetricFamily(
             "clusterui_ingest_lag_seconds", "Age of the cluster's newest sample: grows when "
             "ingest stalls.", labels=["cluster"])
-        store, stale = get_live_store(), stale_after_s()
+        stale = stale_after_s()
         for cluster in clusters.values():
-            received = [entry["received_at"] for entry in store.read(cluster.pk).values()]
+            received = [entry["received_at"] for entry in live[cluster.pk].values()]
             connected.add_metric([cluster.slug],
                                  sum(self.now_ts - at <= stale for at in received))
             if received:
@@ -200,6 +203,49 @@ class ConsoleCollector:
             now = datetime.fromtimestamp(self.now_ts, tz=timezone.utc)
             tick.add_metric([], max(0.0, (now - status.seen_at).total_seconds()))
         return connected, lag, tick
+
+    def hygiene(self, clusters, live):
+        """Node hygiene's readings (sample.hygiene) of the nodes reporting now."""
+        families = {
+            "slurmd_up": GaugeMetricFamily(
+                "clusterui_node_slurmd_up", "1 while the node's slurmd runs (its agent's "
+                "reading).", labels=["cluster", "node"]),
+            "slurmd_restarts": GaugeMetricFamily(
+                "clusterui_node_slurmd_restarts", "Restarts of slurmd by the node's agent "
+                "since the agent started.", labels=["cluster", "node"]),
+            "zombies": GaugeMetricFamily(
+                "clusterui_node_zombie_processes", "Zombie processes on the node.",
+                labels=["cluster", "node"]),
+            "pid_usage": GaugeMetricFamily(
+                "clusterui_node_pid_usage_ratio", "Tasks on the node over its kernel's "
+                "pid_max.", labels=["cluster", "node"]),
+            "gres_match": GaugeMetricFamily(
+                "clusterui_node_gres_match", "1 while Slurm's view of the node's GPUs matches "
+                "NVML's.", labels=["cluster", "node"]),
+        }
+        names = dict(Node.objects.filter(cluster_id__in=clusters).values_list("pk", "name"))
+        stale = stale_after_s()
+        for cluster in clusters.values():
+            for entry in live[cluster.pk].values():
+                readings = entry.get("hygiene")
+                name = names.get(entry["node_id"])
+                if not readings or name is None or self.now_ts - entry["received_at"] > stale:
+                    continue
+                key = [cluster.slug, name]
+                slurmd = readings.get("slurmd") or {}
+                if slurmd.get("state") is not None:
+                    families["slurmd_up"].add_metric(key, int(slurmd["state"] == "running"))
+                if slurmd.get("restarts") is not None:
+                    families["slurmd_restarts"].add_metric(key, slurmd["restarts"])
+                processes = readings.get("processes") or {}
+                if processes.get("zombies") is not None:
+                    families["zombies"].add_metric(key, processes["zombies"])
+                if processes.get("tasks") is not None and processes.get("pid_max"):
+                    families["pid_usage"].add_metric(key, processes["tasks"] / processes["pid_max"])
+                gres = readings.get("gres") or {}
+                if gres.get("match") is not None:
+                    families["gres_match"].add_metric(key, int(gres["match"]))
+        return families.values()
 
     def notifications(self, clusters):
         firing = GaugeMetricFamily("clusterui_alerts_firing", "Alerts firing, by kind.",

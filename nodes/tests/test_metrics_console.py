@@ -56,8 +56,12 @@ def test_the_console_series_count_what_the_console_holds(cluster, memory_store):
     Alert.objects.create(cluster=cluster, kind="repair_stuck", key="repair:9", summary="x",
                          path="/", opened_at=now)
     frame = {"type": "sample", "seq": 1, "ts": time.time(), "node": {}, "gpus": []}
+    hygiene = {"slurmd": {"state": "stopped", "restarts": 3},
+               "processes": {"zombies": 12, "tasks": 8192, "pid_max": 32768},
+               "gres": {"match": False, "nvml_gpus": 8, "slurm_gpus": 7}}
     memory_store.record(cluster.pk, live_entry(frame, node_id=healthy.pk,
-                                               received_at=time.time() - 2, memory_totals={}))
+                                               received_at=time.time() - 2, memory_totals={},
+                                               hygiene=hygiene))
 
     values = series(render_console(time.time()))
 
@@ -76,6 +80,13 @@ def test_the_console_series_count_what_the_console_holds(cluster, memory_store):
     assert values[f'clusterui_connected_agents{{cluster="{slug}"}}'] == 1
     assert 1.5 < values[f'clusterui_ingest_lag_seconds{{cluster="{slug}"}}'] < 60
     assert values[f'clusterui_alerts_firing{{cluster="{slug}",kind="repair_stuck"}}'] == 1
+    node = f'{{cluster="{slug}",node="gpu-001"}}'
+    assert values[f"clusterui_node_slurmd_up{node}"] == 0
+    assert values[f"clusterui_node_slurmd_restarts{node}"] == 3
+    assert values[f"clusterui_node_zombie_processes{node}"] == 12
+    assert values[f"clusterui_node_pid_usage_ratio{node}"] == 0.25
+    assert values[f"clusterui_node_gres_match{node}"] == 0
+    assert not any("gpu-002" in key for key in values if "clusterui_node_" in key)
 
 
 def test_promtool_finds_the_exposition_well_formed(cluster, memory_store):
@@ -90,4 +101,4 @@ def test_the_alert_rules_pass_promtool():
     checked = subprocess.run([promtool(), "check", "rules", str(RULES)], capture_output=True,
                              text=True, timeout=30)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 10 rules found" in checked.stdout
+    assert "SUCCESS: 12 rules found" in checked.stdout
