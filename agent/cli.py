@@ -15,7 +15,7 @@ import time
 from agent import __version__, host, protocol
 from agent.backends import BackendUnavailable
 from agent.client import AgentClient
-from agent.commands import RebootCommand, SimulatedReboot
+from agent.commands import CommandSet, RebootCommand, SimulatedReboot
 from agent.config import (
     TOKEN_ENVIRONMENT,
     TOKEN_ON_ARGV,
@@ -25,6 +25,7 @@ from agent.config import (
     tls_context,
 )
 from agent.detectors import close_watchers, make_watchers
+from agent.hygiene import make_hygiene
 from agent.node_metrics import NodeMetrics
 from agent.node_token import read_node_token
 from agent.outbox import Outbox
@@ -101,6 +102,7 @@ def make_parser():
         metavar="SECONDS",
         help="with --simulate: how long a reboot keeps the node down (default 5)",
     )
+    add_hygiene_options(parser)
     parser.add_argument(
         "--print-once",
         action="store_true",
@@ -110,6 +112,42 @@ def make_parser():
     parser.add_argument("-v", "--verbose", action="store_true", default=None, help="debug logs")
     parser.add_argument("--version", action="version", version=f"clusterui-agent {__version__}")
     return parser
+
+
+def add_hygiene_options(parser):
+    """Node hygiene's options (agent.config.HYGIENE_KEYS); the hook takes them too."""
+    group = parser.add_argument_group("node hygiene (Slurm nodes; agent/README.md)")
+    on_off = argparse.BooleanOptionalAction
+    group.add_argument("--hygiene", action=on_off, default=None,
+                       help="node hygiene at all (default on where scontrol exists)")
+    group.add_argument("--slurmd-restart", action=on_off, default=None,
+                       help="restart a dead slurmd in place (default on)")
+    group.add_argument("--slurmd-restart-command", metavar="CMD",
+                       help="how (default: systemctl restart UNIT, or slurmd -N NODE)")
+    group.add_argument("--slurmd-pid-file", metavar="FILE",
+                       help="slurmd's pid file where systemd does not run it (default: "
+                            "scontrol show config's SlurmdPidFile)")
+    group.add_argument("--slurmd-unit", metavar="NAME", help="its systemd unit (slurmd)")
+    group.add_argument("--slurmd-flap-count", type=int, metavar="N",
+                       help="restarts within the flap window that open slurmd_flapping (3)")
+    group.add_argument("--slurmd-flap-window", type=float, metavar="SECONDS",
+                       help="the flap window (600)")
+    group.add_argument("--zombie-threshold", type=int, metavar="N",
+                       help="zombies that open zombie_processes (10)")
+    group.add_argument("--pid-pressure-pct", type=float, metavar="PCT",
+                       help="tasks, as %% of pid_max, that open pid_pressure (80)")
+    group.add_argument("--job-cleanup-grace", type=float, metavar="SECONDS",
+                       help="at job end, from SIGTERM to SIGKILL for a job's leftovers (10)")
+    group.add_argument("--slurm-cgroup-root", metavar="DIR",
+                       help="where Slurm's cgroup v2 job_<id> folders are (default "
+                            "/sys/fs/cgroup/system.slice/slurmstepd.scope)")
+    group.add_argument("--shm-dir", metavar="DIR", help="shared memory (/dev/shm)")
+    group.add_argument("--gres-conf", metavar="FILE",
+                       help="gres.conf (default: beside $SLURM_CONF, else /etc/slurm)")
+    group.add_argument("--gpu-device-dir", metavar="DIR",
+                       help="where the nvidiaN device files are (/dev)")
+    group.add_argument("--gres-check-interval", type=float, metavar="SECONDS",
+                       help="how often Slurm's GPUs are compared with NVML's (300)")
 
 
 def main(argv=None):
@@ -172,12 +210,16 @@ def make_check_runner(config, backend):
     return CheckRunner(backend, config.state_dir)
 
 
-def make_command_handler(config, backend):
+def make_command_handler(config, backend, hygiene):
     """Carries out the server's commands: a reboot runs the configured reboot command, or
-    on --simulate reboots the simulated node."""
+    on --simulate reboots the simulated node; node hygiene's cleanup and reconfigure."""
     if config.simulate:
-        return SimulatedReboot(backend, config.state_dir, boot_s=config.simulated_boot_s)
-    return RebootCommand(config.reboot_command)
+        handlers = [SimulatedReboot(backend, config.state_dir, boot_s=config.simulated_boot_s)]
+    else:
+        handlers = [RebootCommand(config.reboot_command)]
+    if hygiene.commands is not None:
+        handlers.append(hygiene.commands)
+    return CommandSet(handlers)
 
 
 def print_once(config, backend, boot_id):
@@ -213,7 +255,8 @@ def run_agent(config, backend, boot_id, tls=None):
 
     outbox = Outbox(os.path.join(config.state_dir, OUTBOX_FILE),
                     max_bytes=int(config.outbox_max_mb * 2**20))
-    watchers = make_watchers(config, backend)
+    hygiene = make_hygiene(config, backend)
+    watchers = make_watchers(config, backend) + hygiene.watchers
     client = AgentClient(
         server_url=config.server,
         tls=tls,
@@ -228,7 +271,8 @@ def run_agent(config, backend, boot_id, tls=None):
         watchers=watchers,
         check_runner=make_check_runner(config, backend),
         read_slurm=host.no_slurm if config.simulate else host.slurm_status,
-        command_handler=make_command_handler(config, backend),
+        command_handler=make_command_handler(config, backend, hygiene),
+        hygiene_status=hygiene.status,
         sample_interval_s=config.sample_interval_s,
     )
     log.info(

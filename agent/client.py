@@ -48,6 +48,7 @@ RECEIVE_MAX_BYTES = 16 * 1024 * 1024  # a config frame carries startup script bo
 # node's new events.
 RESEND_BURST = 100
 RESEND_PER_S = 10.0
+HYGIENE_RESEND_S = 60.0  # a sample carries unchanged hygiene readings at least this often
 
 
 def backoff_ceiling(attempt, base_s=BACKOFF_BASE_S, cap_s=BACKOFF_CAP_S):
@@ -88,6 +89,7 @@ class AgentClient:
         check_runner=None,
         read_slurm=host.slurm_status,
         command_handler=None,
+        hygiene_status=None,
         sample_interval_s=1.0,
         backoff_base_s=BACKOFF_BASE_S,
         backoff_cap_s=BACKOFF_CAP_S,
@@ -115,6 +117,9 @@ class AgentClient:
         # check_result and command_result frames that came while disconnected
         self._unsent_results = []
         self._command_handler = command_handler
+        # Node hygiene's readings (agent.hygiene.Hygiene.status): a callable, or None.
+        self._hygiene_status = hygiene_status
+        self._hygiene_sent = None  # (readings less their times, when sent) on this connection
         self._command_tasks = {}  # command id -> the task carrying it out
         self._command_answers = {}  # command id -> the latest command_result sent for it
         self._back_at = None  # a simulated reboot: time.monotonic() when the node is up again
@@ -182,8 +187,28 @@ class AgentClient:
         ws = self._ws
         if ws is not None:
             frame = protocol.sample_frame(seq=self._seq, gpus=gpus, node=node)
+            hygiene = self._hygiene_due()
+            if hygiene is not None:
+                frame["hygiene"] = hygiene
             self._seq += 1
             await self._send(ws, frame)
+
+    def _hygiene_due(self):
+        """Node hygiene's readings, when a sample should carry them: the first on a
+        connection, when they changed (times aside), and at least every minute."""
+        if self._hygiene_status is None:
+            return None
+        hygiene = self._hygiene_status()
+        if not hygiene:
+            return None
+        unchanging = {part: {key: value for key, value in readings.items()
+                             if key != "checked_at"} for part, readings in hygiene.items()}
+        now = time.monotonic()
+        if (self._hygiene_sent is not None and self._hygiene_sent[0] == unchanging
+                and now - self._hygiene_sent[1] < HYGIENE_RESEND_S):
+            return None
+        self._hygiene_sent = (unchanging, now)
+        return hygiene
 
     async def emit(self, event):
         """Keep an event in the outbox until acked, and send it now if connected."""
@@ -321,6 +346,7 @@ class AgentClient:
             # from here on is sent by emit(), one added before is in `pending`.
             pending = self._outbox.pending()
             self._seq = 0
+            self._hygiene_sent = None  # the first sample on a connection carries it
             self._ws = ws
             self._welcomed_at = time.monotonic()
             log.info(
@@ -464,8 +490,13 @@ class AgentClient:
             self._boot_task = None
 
     async def send_script_results(self):
-        """Send the spooled script results while connected; each file goes once sent."""
+        """Send the spooled script results while connected; each file goes once sent. An
+        event the hook spooled (a job's cleanup) moves to the outbox, sent like any other."""
         async with self._spool_lock:
+            for path, frame in self._spool.pending():
+                if frame.get("type") == "event":
+                    await self.emit(frame)
+                    self._spool.remove(path)
             ws = self._ws
             if ws is None:
                 return
@@ -567,9 +598,12 @@ class AgentClient:
             self._run_command(command_id, action, params), name=f"command-{command_id}")
 
     async def _run_command(self, command_id, action, params):
+        status = "failed"
         try:
-            await self._command_handler.run(action, params, self)
-            return
+            message = await self._command_handler.run(action, params, self)
+            if message is None:
+                return  # a reboot: the server sees it done at the next hello
+            status = "ok"
         except asyncio.CancelledError:
             raise
         except CommandFailed as exc:
@@ -579,8 +613,11 @@ class AgentClient:
             message = f"the agent failed to run it: {exc}"
         finally:
             self._command_tasks.pop(command_id, None)
-        log.error("command %s (%s) failed: %s", command_id, action, message)
-        frame = self._command_result(command_id, "failed", message)
+        if status == "ok":
+            log.info("command %s (%s) done: %s", command_id, action, message)
+        else:
+            log.error("command %s (%s) failed: %s", command_id, action, message)
+        frame = self._command_result(command_id, status, message)
         ws = self._ws
         if ws is None:
             self._unsent_results.append(frame)

@@ -2,9 +2,10 @@
 
 The client answers `accepted` at once for an action its command handler supports, then
 calls the handler's `run(action, params, client)`; a handler raises CommandFailed when the
-action could not be carried out, and the client answers `failed` with its message. Only
-`reboot` exists. A reboot has no `ok` from the agent: the server sees it done when the node
-says hello with a new boot id.
+action could not be carried out, and the client answers `failed` with its message; a
+handler that returns a message has the client answer `ok` with it. A reboot has no `ok`
+from the agent: the server sees it done when the node says hello with a new boot id.
+`cleanup` and `reconfigure` (node hygiene) are agent.hygiene.HygieneCommands.
 
 - RebootCommand (real nodes) runs the configured reboot command.
 - SimulatedReboot (--simulate and the demo fleet) reboots a simulated node.
@@ -32,6 +33,19 @@ POLL_S = 0.05
 
 class CommandFailed(Exception):
     """The action could not be carried out; the message says why (it goes to the server)."""
+
+
+class CommandSet:
+    """Several command handlers as one: each action goes to the handler that carries it out.
+    A handler's run() returns None (a reboot: no `ok` follows) or the message of its `ok`."""
+
+    def __init__(self, handlers):
+        self._by_action = {action: handler for handler in handlers
+                           for action in handler.actions}
+        self.actions = tuple(self._by_action)
+
+    async def run(self, action, params, client):
+        return await self._by_action[action].run(action, params, client)
 
 
 class RebootCommand:

@@ -11,6 +11,7 @@ The TOML file holds the same keys as the long options, with underscores:
     throttle_hold = 10.0
     kmsg = "/dev/kmsg"
     reboot_command = "systemctl reboot"
+    slurmd_restart = true               # node hygiene: see HYGIENE_KEYS below
 
 The join token comes from a file (token_file, or the config file's token) or the
 environment (CLUSTERUI_AGENT_TOKEN), never the command line: any local user reads that
@@ -65,6 +66,29 @@ FILE_KEYS = {
     "inject": ((str, list), "a string or a list of strings"),
     "verbose": ((bool,), "true or false"),
 }
+
+# Node hygiene on Slurm nodes (agent/hygiene/): key -> (types, what to call them, default).
+# The hook (Slurm's Epilog) reads them from the same file.
+HYGIENE_KEYS = {
+    # All of it: on NVML nodes unless false; on --simulate, true watches this machine's real
+    # Slurm daemons and processes (tests), unsaid simulates them (agent/hygiene/simulated.py).
+    "hygiene": ((bool,), "true or false", None),
+    "slurmd_restart": ((bool,), "true or false", True),
+    "slurmd_restart_command": ((str,), "a string", None),  # None: by how slurmd is watched
+    "slurmd_pid_file": ((str,), "a string", None),  # None: scontrol show config's SlurmdPidFile
+    "slurmd_unit": ((str,), "a string", "slurmd"),
+    "slurmd_flap_count": ((int,), "an integer", 3),
+    "slurmd_flap_window": ((int, float), "a number", 600.0),
+    "zombie_threshold": ((int,), "an integer", 10),
+    "pid_pressure_pct": ((int, float), "a number", 80.0),
+    "job_cleanup_grace": ((int, float), "a number", 10.0),
+    "slurm_cgroup_root": ((str,), "a string", "/sys/fs/cgroup/system.slice/slurmstepd.scope"),
+    "shm_dir": ((str,), "a string", "/dev/shm"),
+    "gres_conf": ((str,), "a string", None),  # None: gres.conf beside $SLURM_CONF
+    "gpu_device_dir": ((str,), "a string", "/dev"),
+    "gres_check_interval": ((int, float), "a number", 300.0),
+}
+FILE_KEYS.update({key: (types, what) for key, (types, what, _) in HYGIENE_KEYS.items()})
 
 
 TOKEN_ENVIRONMENT = "CLUSTERUI_AGENT_TOKEN"
@@ -121,6 +145,73 @@ def tls_context(server, ca_file):
         raise ConfigError(f"cannot read the CA file {ca_file}: {exc}") from exc
 
 
+@dataclass(frozen=True)
+class HygieneConfig:
+    """Node hygiene's settings (HYGIENE_KEYS), checked."""
+
+    enabled: bool | None = None  # None: not said (HYGIENE_KEYS)
+    slurmd_restart: bool = True
+    slurmd_restart_command: str | None = None
+    slurmd_pid_file: str | None = None
+    slurmd_unit: str = "slurmd"
+    slurmd_flap_count: int = 3
+    slurmd_flap_window_s: float = 600.0
+    zombie_threshold: int = 10
+    pid_pressure_pct: float = 80.0
+    job_cleanup_grace_s: float = 10.0
+    slurm_cgroup_root: str = "/sys/fs/cgroup/system.slice/slurmstepd.scope"
+    shm_dir: str = "/dev/shm"
+    gres_conf: str | None = None
+    gpu_device_dir: str = "/dev"
+    gres_check_interval_s: float = 300.0
+
+
+def build_hygiene_config(values):
+    """The HygieneConfig of the settings in `values` (command line over file)."""
+    def get(key):
+        return values.get(key, HYGIENE_KEYS[key][2])
+
+    config = HygieneConfig(
+        enabled=get("hygiene"),
+        slurmd_restart=bool(get("slurmd_restart")),
+        slurmd_restart_command=get("slurmd_restart_command"),
+        slurmd_pid_file=get("slurmd_pid_file"),
+        slurmd_unit=get("slurmd_unit"),
+        slurmd_flap_count=get("slurmd_flap_count"),
+        slurmd_flap_window_s=float(get("slurmd_flap_window")),
+        zombie_threshold=get("zombie_threshold"),
+        pid_pressure_pct=float(get("pid_pressure_pct")),
+        job_cleanup_grace_s=float(get("job_cleanup_grace")),
+        slurm_cgroup_root=get("slurm_cgroup_root"),
+        shm_dir=get("shm_dir"),
+        gres_conf=get("gres_conf"),
+        gpu_device_dir=get("gpu_device_dir"),
+        gres_check_interval_s=float(get("gres_check_interval")),
+    )
+    if config.slurmd_restart_command is not None:
+        try:
+            argv = shlex.split(config.slurmd_restart_command)
+        except ValueError as exc:
+            raise ConfigError(f"slurmd restart command {config.slurmd_restart_command!r}: "
+                              f"{exc}") from exc
+        if not argv:
+            raise ConfigError("the slurmd restart command is empty")
+    if not 1 <= config.slurmd_flap_count <= 100:
+        raise ConfigError(f"slurmd flap count {config.slurmd_flap_count}: 1 to 100")
+    if not 10 <= config.slurmd_flap_window_s <= 86400:
+        raise ConfigError(f"slurmd flap window {config.slurmd_flap_window_s:g} s: 10 s to a day")
+    if not 1 <= config.zombie_threshold <= 10_000_000:
+        raise ConfigError(f"zombie threshold {config.zombie_threshold}: at least 1")
+    if not 0 < config.pid_pressure_pct <= 100:
+        raise ConfigError(f"PID pressure {config.pid_pressure_pct:g} %: above 0, at most 100")
+    if not 0 <= config.job_cleanup_grace_s <= 600:
+        raise ConfigError(f"job cleanup grace {config.job_cleanup_grace_s:g} s: 0 to 600 s")
+    if not 10 <= config.gres_check_interval_s <= 86400:
+        raise ConfigError(f"gres check interval {config.gres_check_interval_s:g} s: 10 s to "
+                          f"a day")
+    return config
+
+
 @dataclass
 class Config:
     server: str | None = None
@@ -140,6 +231,7 @@ class Config:
     inject: list[Fault] = field(default_factory=list)
     print_once: bool = False
     verbose: bool = False
+    hygiene: HygieneConfig = field(default_factory=HygieneConfig)
 
 
 def read_config_file(path):
@@ -184,6 +276,7 @@ def build_config(options, file_values=None, environ=os.environ):
         gpus=values.get("gpus", DEFAULT_SIMULATED_GPUS),
         print_once=bool(values.get("print_once", False)),
         verbose=bool(values.get("verbose", False)),
+        hygiene=build_hygiene_config(values),
     )
 
     if not NODE_NAME.fullmatch(config.node_name):

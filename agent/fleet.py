@@ -5,7 +5,8 @@ simulated backend, with its own state dir under --state-dir:
 
     <state-dir>/<node>/node_token          the node's token (a join token is used without)
     <state-dir>/<node>/simulated_boot_id   its boot id (new at each reboot the server asks)
-    <state-dir>/<node>/inject              optional: --inject specs, one per line
+    <state-dir>/<node>/inject              optional: --inject specs, one per line (the GPUs'
+                                           faults and node hygiene's, agent/inject.py)
     <state-dir>/<node>/outbox.sqlite3      its unacked events
 
     python -m agent.fleet --server ws://127.0.0.1:8000/ws/agent/ --state-dir var/fleet \\
@@ -29,7 +30,7 @@ from agent import host
 from agent.backends.simulated import SimulatedBackend
 from agent.checks.simulated import SimulatedCheckRunner
 from agent.client import AgentClient
-from agent.commands import DEFAULT_SIMULATED_BOOT_S, SimulatedReboot
+from agent.commands import DEFAULT_SIMULATED_BOOT_S, CommandSet, SimulatedReboot
 from agent.config import (
     TOKEN_ENVIRONMENT,
     TOKEN_ON_ARGV,
@@ -40,6 +41,7 @@ from agent.config import (
     tls_context,
 )
 from agent.detectors import make_watchers
+from agent.hygiene import make_hygiene
 from agent.inject import InjectSpecError, check_gpu_indexes, parse_inject
 from agent.node_token import read_node_token
 from agent.outbox import Outbox
@@ -90,18 +92,21 @@ def build_client(name, args):
     if not node_token and not args.token:
         raise SystemExit(f"fleet: {state_dir} holds no node token, and no join token was "
                          f"given (--token-file or {TOKEN_ENVIRONMENT})")
-    backend = SimulatedBackend(name, gpu_count=args.gpus,
-                               faults=read_faults(state_dir, args.gpus))
+    faults = read_faults(state_dir, args.gpus)
+    backend = SimulatedBackend(name, gpu_count=args.gpus, faults=faults)
+    config = Config(node_name=name, simulate=True, inject=faults, state_dir=state_dir)
+    hygiene = make_hygiene(config, backend, job_every_s=args.job_every or None)
     outbox = Outbox(os.path.join(state_dir, OUTBOX_FILE))
     client = AgentClient(
         server_url=args.server, tls=args.tls, join_token=args.token, node_token=node_token,
         node_name=name, boot_id=host.simulated_boot_id(state_dir), state_dir=state_dir,
         backend=backend,
         node_metrics=SimulatedNodeMetrics(backend, phase=zlib.crc32(name.encode()) % 360),
-        outbox=outbox, watchers=make_watchers(Config(node_name=name), backend),
+        outbox=outbox, watchers=make_watchers(config, backend) + hygiene.watchers,
         check_runner=SimulatedCheckRunner(backend, state_dir), read_slurm=host.no_slurm,
-        command_handler=SimulatedReboot(backend, state_dir, boot_s=args.simulated_boot),
-        sample_interval_s=args.sample_interval,
+        command_handler=CommandSet([
+            SimulatedReboot(backend, state_dir, boot_s=args.simulated_boot), hygiene.commands]),
+        hygiene_status=hygiene.status, sample_interval_s=args.sample_interval,
     )
     return client, outbox
 
@@ -142,6 +147,9 @@ def main(argv=None):
     parser.add_argument("--sample-interval", type=float, default=1.0, metavar="SECONDS")
     parser.add_argument("--simulated-boot", type=float, default=DEFAULT_SIMULATED_BOOT_S,
                         metavar="SECONDS", help="how long a node the server reboots stays down")
+    parser.add_argument("--job-every", type=float, default=0, metavar="SECONDS",
+                        help="a simulated job ends on each node about this often, its cleanup "
+                             "reported (default 0: never)")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     if args.token is not None:

@@ -6,6 +6,12 @@ running agent saved in its state dir, each with its time limit and Slurm's envir
 leaves each script_result in the state dir's spool: the running agent sends it within a
 sample interval (or, if the agent is down, once it is back). It talks to no server itself.
 
+At job end the hook first cleans up after the job (node hygiene, agent/hygiene/job_cleanup.py):
+every process of the job (its cgroup, else /proc by SLURM_JOB_ID) is ended, GPU memory still
+held is looked for, and the user's /dev/shm files go when the user has no other job here.
+The report goes to the server as a `job_cleanup` notice, and GPU memory still held as
+`job_leftovers`, through the same spool. The cleanup never changes the exit status.
+
 Exit status, as Slurm reads it: 0 when every script exited 0 (or there were none, or the
 agent has saved no config yet); 1 when one failed or hit its time limit. A non-zero Prolog
 drains the node (Reason "Prolog error") and requeues or fails the job; a non-zero Epilog
@@ -17,8 +23,9 @@ import logging
 import os
 import sys
 
-from agent import scripts
-from agent.config import DEFAULT_STATE_DIR
+from agent import host, scripts
+from agent.config import (DEFAULT_STATE_DIR, ConfigError, build_hygiene_config,
+                          read_config_file)
 
 log = logging.getLogger("agent.hook")
 
@@ -35,17 +42,67 @@ def make_parser():
                                                                DEFAULT_STATE_DIR),
                         help=f"the agent's state dir (default {DEFAULT_STATE_DIR}, or "
                              f"$CLUSTERUI_AGENT_STATE_DIR)")
+    parser.add_argument("--config", metavar="FILE",
+                        help="the agent's TOML config: its node hygiene settings apply")
     return parser
 
 
 def main(argv):
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s clusterui-agent hook: %(message)s")
-    return run_hook(EVENTS[args.event], args.state_dir, os.environ.copy())
+    try:
+        hygiene = build_hygiene_config(read_config_file(args.config) if args.config else {})
+    except ConfigError as exc:
+        parser.error(str(exc))
+    return run_hook(EVENTS[args.event], args.state_dir, os.environ.copy(), hygiene=hygiene)
 
 
-def run_hook(event, state_dir, env):
+def run_hook(event, state_dir, env, *, hygiene=None, nvml=None):
+    """Clean up after the job (job_end, unless hygiene is off), then run the scripts for
+    `event`; the exit status for Slurm. hygiene: agent.config.HygieneConfig (None: the
+    defaults); nvml: the pynvml module or a stand-in (None: pynvml, if installed)."""
+    hygiene = hygiene or build_hygiene_config({})
+    if event == "job_end" and hygiene.enabled is not False and env.get("SLURM_JOB_ID"):
+        try:
+            clean_up_after_job(state_dir, env, hygiene, nvml)
+        except Exception:  # the cleanup must never fail the Epilog (it would drain the node)
+            log.exception("cleaning up after job %s failed", env.get("SLURM_JOB_ID"))
+    return run_scripts(event, state_dir, env)
+
+
+def clean_up_after_job(state_dir, env, hygiene, nvml=None):
+    """End what the job left behind; spool its job_cleanup notice (and job_leftovers)."""
+    from agent.hygiene import job_cleanup
+
+    job_id, user = env["SLURM_JOB_ID"], env.get("SLURM_JOB_USER") or ""
+    node = env.get("SLURMD_NODENAME") or host.short_hostname()
+    report = job_cleanup.clean_job(
+        job_id=job_id, user=user, gpus=env.get("SLURM_JOB_GPUS"),
+        user_has_other_jobs=host.user_has_other_jobs(node, user, job_id) if user else None,
+        nvml=nvml or pynvml_module(), grace_s=hygiene.job_cleanup_grace_s,
+        cgroup_root=hygiene.slurm_cgroup_root, shm_dir=hygiene.shm_dir)
+    notice = job_cleanup.cleanup_event(report)
+    spool = scripts.ResultSpool(state_dir)
+    spool.add(notice)
+    if report["gpu_processes"]:
+        job_cleanup.record_leftovers(state_dir, report)
+        spool.add(job_cleanup.leftovers_event(report))
+    log.info("%s", notice["message"])
+    return report
+
+
+def pynvml_module():
+    """The pynvml module (clean_job starts and stops NVML), or None without nvidia-ml-py."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    return pynvml
+
+
+def run_scripts(event, state_dir, env):
     """Run the scripts for `event`; the exit status for Slurm."""
     try:
         saved = scripts.load_scripts(state_dir)

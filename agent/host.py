@@ -93,6 +93,36 @@ def slurm_status(node_name):
         return None
 
 
+def _squeue(argv):
+    """squeue's output lines, or None when Slurm cannot say (no squeue, slurmctld away)."""
+    try:
+        result = subprocess.run(["squeue", "-h", *argv], capture_output=True, text=True,
+                                timeout=SLURM_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("squeue failed: %s", exc)
+        return None
+    if result.returncode != 0:
+        log.warning("squeue failed: %s", result.stderr.strip())
+        return None
+    return [line.strip() for line in result.stdout.splitlines() if line.strip()]
+
+
+def running_job_users(node_name):
+    """The users with a job running, suspended or completing on this node (a set), or None
+    when Slurm cannot say: whose processes are not orphans."""
+    lines = _squeue(["-w", node_name, "-t", "RUNNING,SUSPENDED,COMPLETING", "-o", "%u"])
+    return None if lines is None else set(lines)
+
+
+def user_has_other_jobs(node_name, user, job_id):
+    """Whether `user` has a job other than `job_id` running or suspended on this node; None
+    when Slurm cannot say."""
+    lines = _squeue(["-w", node_name, "-u", user, "-t", "RUNNING,SUSPENDED", "-o", "%A"])
+    if lines is None:
+        return None
+    return any(line != str(job_id) for line in lines)
+
+
 def no_slurm(node_name):
     """A simulated node's `slurm`: it runs no Slurm, even where this machine has scontrol."""
     return None

@@ -17,6 +17,17 @@ followed by `:gpu<i>` (the GPU index; GPU 0 by default):
                             watcher raises `ecc_dbe`)
     gpu_lost@<s>s           the GPU stops answering (a gpu_lost event; it leaves the
                             samples and the next hello)
+
+Node hygiene's faults (agent/hygiene/simulated.py), on the node rather than a GPU:
+
+    gres_drift@<s>s         Slurm's view of the node loses its last GPU (gres_drift, until
+                            the server's reconfigure)
+    zombies@<s>s            25 zombies under one leaking parent (zombie_processes, until
+                            the server's cleanup)
+    slurmd_flap@<s>s        slurmd dies three times, 20 s apart (three slurmd_restarted
+                            notices, then slurmd_flapping)
+    job_leftovers@<s>s      a job ends leaving a process on the GPU (job_cleanup, then
+                            job_leftovers until a reboot)
 """
 
 import re
@@ -25,7 +36,8 @@ from dataclasses import dataclass
 XID_STORM_LINES = 10_000
 
 _ITEM = re.compile(
-    r"(?P<fault>xid:(?P<xid>[0-9]+)|xid_storm:(?P<storm>[0-9]+)|thermal|ecc_dbe|gpu_lost)"
+    r"(?P<fault>xid:(?P<xid>[0-9]+)|xid_storm:(?P<storm>[0-9]+)|thermal|ecc_dbe|gpu_lost"
+    r"|gres_drift|zombies|slurmd_flap|job_leftovers)"
     r"@(?P<at>[0-9]+(?:\.[0-9]+)?)s"
     r"(?:\+(?P<duration>[0-9]+(?:\.[0-9]+)?)s)?"
     r"(?::gpu(?P<gpu>[0-9]+))?"
@@ -33,8 +45,11 @@ _ITEM = re.compile(
 
 USAGE = (
     "expected comma-separated items like xid:79@30s, xid:48@10s:gpu3, thermal@60s, "
-    "thermal@60s+30s:gpu1, xid_storm:13@20s, ecc_dbe@40s:gpu2 or gpu_lost@90s"
+    "thermal@60s+30s:gpu1, xid_storm:13@20s, ecc_dbe@40s:gpu2, gpu_lost@90s, "
+    "gres_drift@30s, zombies@30s, slurmd_flap@30s or job_leftovers@30s:gpu1"
 )
+# The faults of node hygiene (agent/hygiene/simulated.py); the rest are the GPUs'.
+HYGIENE_FAULTS = ("gres_drift", "zombies", "slurmd_flap", "job_leftovers")
 
 
 class InjectSpecError(ValueError):
@@ -43,7 +58,7 @@ class InjectSpecError(ValueError):
 
 @dataclass(frozen=True)
 class Fault:
-    kind: str  # "xid", "xid_storm", "thermal", "ecc_dbe" or "gpu_lost"
+    kind: str  # "xid", "xid_storm", "thermal", "ecc_dbe", "gpu_lost", or a HYGIENE_FAULTS
     at_s: float  # seconds after the agent started
     gpu: int = 0  # the GPU's index
     xid: int | None = None  # kinds "xid" and "xid_storm" only

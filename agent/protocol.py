@@ -24,6 +24,11 @@ def truncated(text, limit):
     return text[:limit - 1] + "…"
 
 
+def counted(count, noun, nouns=None):
+    """"1 process", "3 processes": a count with its noun, for event messages."""
+    return f"{count} {noun if count == 1 else nouns or noun + 's'}"
+
+
 def _detail_truncated(value):
     if isinstance(value, str):
         return truncated(value, MESSAGE_LIMIT)

@@ -60,6 +60,12 @@ GPUS_PER_NODE = 8
 FLEET_FAULTS = {
     "gpu-012": "xid:79@90s:gpu3",
     "gpu-040": "thermal@45s+60s:gpu5",
+    # Node hygiene (agent/hygiene/simulated.py): a reconfigure to approve, zombies to clean
+    # up, a slurmd that keeps dying, and a job that leaves GPU memory held.
+    "gpu-020": "gres_drift@60s",
+    "gpu-033": "zombies@75s",
+    "gpu-051": "slurmd_flap@30s",
+    "gpu-058": "job_leftovers@120s:gpu2",
 }
 AGENT_VERSION = "1.0.0"
 RANDOM_SEED = 20250817

@@ -136,7 +136,7 @@ done
 
 # The simulated fleet: one real agent per demo node (simulated H200s), in one process.
 start fleet "$PY" -m agent.fleet --server "ws://$HOST:$PORT/ws/agent/" --state-dir "$FLEET_DIR" \
-    --names 'gpu-{:03d}' --count 64
+    --names 'gpu-{:03d}' --count 64 --job-every 300
 
 if port_open; then
     cat <<EOF

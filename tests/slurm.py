@@ -12,6 +12,8 @@ is what it is.
     cluster.restart_daemon("slurmdbd")    # or "slurmctld", "slurmd gpu-002", "mariadbd"
     cluster.reset()                       # no jobs, every node back in service
     cluster.stop()                        # cancels the jobs, then stops by recorded pid
+                                          # (and a slurmd restarted outside the harness,
+                                          # by its pid file: cluster.slurmd_pid(node))
 
 Tests take the `slurm` fixture (tests/conftest.py): one such cluster with accounting for
 the whole session, reset after each test.
@@ -132,6 +134,18 @@ def wait_for(predicate, *, timeout, what, interval=0.1, alive=()):
         time.sleep(interval)
 
 
+def live_process(pid, comm):
+    """Whether `pid` runs the program `comm` and is not a zombie (a daemon's parent may
+    never reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    name = stat[stat.find("(") + 1 : stat.rfind(")")]
+    state = stat[stat.rfind(")") + 2 :].split()[0]
+    return name == comm and state not in ("Z", "X")
+
+
 def port_open(port):
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -203,6 +217,8 @@ class SlurmCluster:
             daemon = self.daemons.get(name)
             if daemon is not None:
                 daemon.stop()
+            if name.startswith("slurmd "):
+                self.stop_restarted_slurmd(name.removeprefix("slurmd "))
         for user in self.users_added:
             subprocess.run(["userdel", user], capture_output=True, timeout=COMMAND_TIMEOUT_S)
         self.users_added = []
@@ -375,7 +391,18 @@ class SlurmCluster:
                  alive=self._slurm_daemons())
 
     def _slurm_daemons(self):
-        return [d for name, d in self.daemons.items() if name.startswith("slurm")]
+        """The Slurm daemons whose exit fails a wait. A slurmd that was replaced in place (its
+        pid file names another live slurmd) is not missed."""
+        daemons = []
+        for name, daemon in self.daemons.items():
+            if not name.startswith("slurm"):
+                continue
+            if name.startswith("slurmd ") and not daemon.running():
+                pid = self.slurmd_pid(name.removeprefix("slurmd "))
+                if pid is not None and live_process(pid, "slurmd"):
+                    continue
+            daemons.append(daemon)
+        return daemons
 
     def restart_daemon(self, name, timeout=30.0):
         """Stop one daemon by its pid and start it again with the same arguments, e.g.
@@ -383,6 +410,8 @@ class SlurmCluster:
         for slurmctld or a slurmd, once the nodes are back in service)."""
         daemon = self.daemons[name]
         daemon.stop()
+        if name.startswith("slurmd "):
+            self.stop_restarted_slurmd(name.removeprefix("slurmd "))
         daemon.start()
         port = self.ports.get(name.removeprefix("slurmd "))
         if port is None:  # munged: a socket, no port
@@ -395,6 +424,32 @@ class SlurmCluster:
             self.wait_nodes_ready(timeout)
         elif name.startswith("slurmd "):
             self.wait_nodes_ready(timeout, nodes=[name.removeprefix("slurmd ")])
+
+    def slurmd_pid(self, node):
+        """The pid in the node's slurmd pid file (SlurmdPidFile), whoever started that
+        slurmd: this harness, or a test or the agent that restarted it in place."""
+        try:
+            return int((self.directory / "run" / f"slurmd-{node}.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def stop_restarted_slurmd(self, node, timeout=5.0):
+        """Stop the node's slurmd that something other than this harness started (e.g.
+        `slurmd -N <node>`, which daemonizes): the live slurmd its pid file names. SIGTERM,
+        then SIGKILL after `timeout` s."""
+        pid = self.slurmd_pid(node)
+        if pid is None or not live_process(pid, "slurmd"):
+            return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and live_process(pid, "slurmd"):
+                time.sleep(0.05)
+            if not live_process(pid, "slurmd"):
+                return
 
     # --- commands ------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from importlib import resources
 from agent.backends import CLOCK_EVENT_HW_THERMAL, cuda_version_text, gpu_lost_event
 from agent.detectors.kernel_log import SimulatedKernelLog
 from agent.detectors.xid import load_xid_descriptions
-from agent.inject import XID_STORM_LINES
+from agent.inject import HYGIENE_FAULTS, XID_STORM_LINES
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +80,14 @@ class SimulatedBackend:
         self.kernel_log = SimulatedKernelLog()
         self._clock = clock
         self._start = clock()
-        self._faults = list(faults)
+        # Node hygiene's faults are agent/hygiene/simulated.py's, not the GPUs'.
+        self._faults = [fault for fault in faults if fault.kind not in HYGIENE_FAULTS]
         self._fired = set()  # indexes of the one-time faults already applied
         self._xid_descriptions = load_xid_descriptions()
         self._lost = set()  # GPU indexes
         self._new_dbe = [0] * gpu_count  # double-bit ECC errors injected, per GPU
         self._events = []
+        self.reboots = 0  # simulated reboots so far (node hygiene's simulation reads it)
 
     def gpus(self):
         self._apply_faults()
@@ -125,6 +127,7 @@ class SimulatedBackend:
         self._new_dbe = [0] * len(self._gpus)
         self._events = []
         self._start = self._clock()
+        self.reboots += 1
 
     def close(self):
         pass

@@ -9,7 +9,17 @@ For the detectors it also serves, as the real H200 did: remapped rows (the snaps
 `remapped_rows`: none, none pending, no failure), the GPU recovery action field (NONE:
 `nvidia-smi -q` on that H200 reads "GPU Recovery Action : None"), and an Xid event set
 (registering for Xid events worked there; a 100 ms wait timed out). Tests change them
-through `remapped_rows`, `recovery_action` and raise_xid()."""
+through `remapped_rows`, `recovery_action` and raise_xid().
+
+For the job-end cleanup it serves each GPU's minor number (the index: the real H200's
+`nvidia-smi -q` reads "Minor Number : 0" for its GPU 0; the minors of further fake GPUs
+were never captured) and its compute processes, none by default (the snapshot's
+"processes": []). A process is shaped as the one that H200's `nvidia-smi -q -x` listed
+(shared/fixtures/nvml/h200/nvidia-smi-q.xml: pid 424, python3, 1002 MiB,
+gpu_instance_id and compute_instance_id N/A) and returned as pynvml returns it: a
+c_nvmlProcessInfo_v3_t turned into an nvmlFriendlyObject, N/A ids as 0xFFFFFFFF (NVML's
+"not MIG") and an unknown usedGpuMemory as None. Tests set them with
+add_compute_process() or `compute_processes[index]`."""
 
 import ctypes
 import json
@@ -21,6 +31,9 @@ from types import SimpleNamespace
 import pynvml
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "h200"
+
+# The real H200's one compute process used 1002 MiB (nvidia-smi-q.xml).
+H200_PROCESS_USED_BYTES = 1002 * 2**20
 
 
 def load_snapshot():
@@ -82,6 +95,7 @@ class FakeNvml:
         self.remapped_rows = {}  # GPU index -> (corrected, uncorrectable, pending, failure)
         self.recovery_action = {}  # GPU index -> an NVML_GPU_RECOVERY_ACTION_* value
         self.event_sets = []
+        self.compute_processes = {}  # GPU index -> [c_nvmlProcessInfo_v3_t]
 
     def uuid(self, index):
         real = self.device["uuid"]
@@ -204,6 +218,35 @@ class FakeNvml:
         if counter == pynvml.NVML_PCIE_UTIL_RX_BYTES:
             return self.dynamic["pcie_rx_kbps"]
         raise pynvml.NVMLError_InvalidArgument()
+
+    def nvmlDeviceGetMinorNumber(self, handle):
+        self._check(handle, "nvmlDeviceGetMinorNumber")
+        return handle.index
+
+    # Job-end cleanup: compute processes
+
+    def add_compute_process(self, index, pid, used_bytes=H200_PROCESS_USED_BYTES):
+        """Process `pid` holds `used_bytes` (None: NVML cannot say) on GPU `index`."""
+        not_available = pynvml.NVML_VALUE_NOT_AVAILABLE_uint.value
+        info = pynvml.c_nvmlProcessInfo_v3_t(
+            pid=pid,
+            usedGpuMemory=(pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+                           if used_bytes is None else used_bytes),
+            gpuInstanceId=not_available,
+            computeInstanceId=not_available,
+        )
+        self.compute_processes.setdefault(index, []).append(info)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        self._check(handle, "nvmlDeviceGetComputeRunningProcesses")
+        processes = []
+        for info in self.compute_processes.get(handle.index, []):
+            # What pynvml's nvmlDeviceGetComputeRunningProcesses_v3 does with each struct.
+            process = pynvml.nvmlStructToFriendlyObject(info)
+            if process.usedGpuMemory == pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value:
+                process.usedGpuMemory = None
+            processes.append(process)
+        return processes
 
     # Detectors: remapped rows, field values, event sets
 

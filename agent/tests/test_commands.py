@@ -17,6 +17,7 @@ from agent.backends.simulated import SimulatedBackend, simulated_gpu_uuid
 from agent.client import AgentClient
 from agent.commands import CommandFailed, RebootCommand, SimulatedReboot
 from agent.config import ConfigError, build_config, read_config_file
+from agent.hygiene import Hygiene
 from agent.inject import parse_inject
 from agent.node_metrics import NodeMetrics
 from agent.node_token import read_node_token
@@ -213,7 +214,8 @@ def test_in_the_fleet_only_the_node_asked_reboots(tmp_path):
 
             server.on_welcome = on_welcome
             args = Namespace(server=server.url, state_dir=str(tmp_path), token="join-1",
-                             tls=None, gpus=2, sample_interval=0.05, simulated_boot=0.1)
+                             tls=None, gpus=2, sample_interval=0.05, simulated_boot=0.1,
+                             job_every=0)
             built = [fleet.build_client(name, args) for name in ("gpu-001", "gpu-002")]
             async with running(*(client for client, _ in built)):
                 await until(lambda: len(hellos(server, "gpu-001")) == 2
@@ -270,10 +272,14 @@ def test_bad_reboot_settings_are_usage_errors(given, error):
 
 def test_the_agent_reboots_with_the_reboot_command_or_in_simulation(tmp_path):
     real = build_config(options(server=SERVER, node_name=NODE, reboot_command="true"))
-    handler = cli.make_command_handler(real, backend=None)
-    assert isinstance(handler, RebootCommand) and handler.command == "true"
+    handler = cli.make_command_handler(real, backend=None, hygiene=Hygiene())
+    assert handler.actions == ("reboot",)
+    reboot = handler._by_action["reboot"]
+    assert isinstance(reboot, RebootCommand) and reboot.command == "true"
 
     simulated = build_config(options(server=SERVER, node_name=NODE, simulate=True,
                                      simulated_boot=0.5, state_dir=str(tmp_path)))
-    handler = cli.make_command_handler(simulated, SimulatedBackend(NODE, gpu_count=1))
-    assert isinstance(handler, SimulatedReboot) and handler._boot_s == 0.5
+    handler = cli.make_command_handler(simulated, SimulatedBackend(NODE, gpu_count=1),
+                                       hygiene=Hygiene())
+    reboot = handler._by_action["reboot"]
+    assert isinstance(reboot, SimulatedReboot) and reboot._boot_s == 0.5

@@ -1,7 +1,7 @@
 import pytest
 
 from agent import cli, host
-from agent.config import Config, ConfigError, build_config, read_config_file
+from agent.config import Config, ConfigError, HygieneConfig, build_config, read_config_file
 from agent.inject import Fault
 
 SERVER = "wss://clusterui.example.com/ws/agent/"
@@ -171,3 +171,34 @@ def test_the_detector_options_on_the_command_line():
     config = build_config({**args, "server": SERVER, "node_name": "gpu-001"})
 
     assert (config.throttle_hold_s, config.kmsg_path) == (2.5, "/tmp/kmsg")
+
+
+def test_node_hygiene_settings_come_from_the_file_and_the_command_line_wins(tmp_path):
+    path = write(tmp_path, f'server = "{SERVER}"\ntoken = "t"\n'
+                           "slurmd_restart = false\n"
+                           'slurmd_restart_command = "slurmd -N gpu-001"\n'
+                           "zombie_threshold = 3\n"
+                           "pid_pressure_pct = 50\n"
+                           'gres_conf = "/etc/slurm/gres.conf"\n')
+    config = build_config(options(zombie_threshold=5), read_config_file(path))
+    assert config.hygiene == HygieneConfig(
+        slurmd_restart=False, slurmd_restart_command="slurmd -N gpu-001", zombie_threshold=5,
+        pid_pressure_pct=50.0, gres_conf="/etc/slurm/gres.conf")
+    assert config.hygiene.enabled is None  # not said: on for NVML, simulated for --simulate
+    off = build_config(options(server=SERVER, token="t", hygiene=False))
+    assert off.hygiene.enabled is False
+
+
+@pytest.mark.parametrize("given, error", [
+    ({"slurmd_flap_count": 0}, "slurmd flap count 0: 1 to 100"),
+    ({"slurmd_flap_window": 5}, "slurmd flap window 5 s"),
+    ({"zombie_threshold": 0}, "zombie threshold 0"),
+    ({"pid_pressure_pct": 101}, "PID pressure 101 %"),
+    ({"job_cleanup_grace": -1}, "job cleanup grace -1 s"),
+    ({"gres_check_interval": 1}, "gres check interval 1 s"),
+    ({"slurmd_restart_command": "   "}, "the slurmd restart command is empty"),
+    ({"slurmd_restart_command": "slurmd '"}, "slurmd restart command"),
+])
+def test_bad_node_hygiene_settings_are_usage_errors(given, error):
+    with pytest.raises(ConfigError, match=error):
+        build_config(options(server=SERVER, token="t", **given))

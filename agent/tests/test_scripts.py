@@ -69,7 +69,10 @@ def test_the_hook_runs_the_events_scripts_with_slurms_environment(tmp_path):
     assert (frame["script_id"], frame["job_id"], frame["exit_code"]) == (1, "48213", 0)
 
     assert run_hook("job_end", state, env) == 1  # Slurm drains the node on this
-    assert [f["exit_code"] for _, f in scripts.ResultSpool(state).pending()] == [0, 9]
+    frames = [frame for _, frame in scripts.ResultSpool(state).pending()]
+    assert [f["exit_code"] for f in frames if f["type"] == "script_result"] == [0, 9]
+    # Before the job_end scripts, the job's cleanup (agent/tests/test_hook_cleanup.py).
+    assert [f["signature"] for f in frames if f["type"] == "event"] == ["job_cleanup"]
 
 
 def test_the_hook_without_a_saved_config_runs_nothing_and_exits_0(tmp_path):

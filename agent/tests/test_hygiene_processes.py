@@ -1,0 +1,354 @@
+"""Zombies, orphans and PID usage against real processes on this machine: real zombies
+(a parent that forks children which exit and does not wait for them), real orphans (a
+setsid double fork, left to init) owned by a throwaway user, and the real /proc. Needs
+root (to make the user); every process started here is killed in a finalizer."""
+
+import json
+import os
+import pwd
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from agent.hygiene import processes
+from agent.hygiene.processes import ProcessWatcher, clean_up, read_process, scan, send_signal
+from agent.protocol import counted, encode
+
+# Forks N children that exit at once, waits until they are all zombies, then reaps
+# whenever a SIGCHLD comes (the children's own SIGCHLDs came before the handler, and
+# the default action dropped them), prints the zombies' pids and sleeps.
+ZOMBIE_PARENT = r"""
+import os, signal, sys, time
+children = []
+for _ in range(int(sys.argv[1])):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    children.append(pid)
+def state(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[0]
+while any(state(pid) != "Z" for pid in children):
+    time.sleep(0.01)
+def reap(signum, frame):
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+signal.signal(signal.SIGCHLD, reap)
+print(" ".join(map(str, children)), flush=True)
+while True:
+    time.sleep(60)
+"""
+
+# A new session, then a fork whose parent exits: the child is left to init. It prints
+# its pid once its SIGTERM disposition is set, lets go of stdout, and sleeps.
+ORPHAN = r"""
+import os, signal, sys, time
+os.setsid()
+if os.fork():
+    os._exit(0)
+if sys.argv[1] == "ignore-term":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print(os.getpid(), flush=True)
+devnull = os.open(os.devnull, os.O_RDWR)
+os.dup2(devnull, 1)
+while True:
+    time.sleep(60)
+"""
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to make a test user")
+
+
+@pytest.fixture(scope="module")
+def test_user():
+    """A throwaway user (uid >= 1000, no home); its processes are killed and it is
+    removed afterwards."""
+    name = f"cuitest{uuid.uuid4().hex[:8]}"
+    try:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+                       check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"cannot make a test user: {exc}")
+    entry = pwd.getpwnam(name)
+    yield entry
+    for pid in processes.process_pids():
+        info = read_process(pid)
+        if info is not None and info["uid"] == entry.pw_uid:
+            send_signal(info, signal.SIGKILL)
+    for _ in range(50):
+        if subprocess.run(["userdel", name], capture_output=True).returncode == 0:
+            break
+        time.sleep(0.1)  # "user is currently used by process": its last ones are going
+
+
+@pytest.fixture(scope="module")
+def python(test_user):
+    """A Python the test user may run (this venv's may sit under root's home)."""
+    for candidate in (sys.executable, "/usr/bin/python3"):
+        try:
+            result = subprocess.run([candidate, "-c", "pass"], user=test_user.pw_uid,
+                                    group=test_user.pw_gid, extra_groups=[],
+                                    capture_output=True, timeout=30)
+        except OSError:
+            continue
+        if result.returncode == 0:
+            return candidate
+    pytest.skip("no Python the test user can run")
+
+
+class Started:
+    """The processes a test started, all killed (and reaped) at its end."""
+
+    def __init__(self):
+        self.children = []  # Popen objects
+        self.detached = []  # entries of processes left to init
+
+    def close(self):
+        for entry in self.detached:
+            send_signal(entry, signal.SIGKILL)
+        for child in self.children:
+            child.kill()
+            child.wait()
+
+
+@pytest.fixture
+def started():
+    tracker = Started()
+    yield tracker
+    tracker.close()
+
+
+def run_as(user, python, code, *args, **popen_args):
+    return subprocess.Popen(
+        [python, "-c", code, *args],
+        user=user.pw_uid, group=user.pw_gid, extra_groups=[],
+        stdout=subprocess.PIPE, text=True, **popen_args,
+    )
+
+
+def start_zombies(started, user, python, count):
+    """(the parent's Popen, the pids of its `count` zombie children)."""
+    parent = run_as(user, python, ZOMBIE_PARENT, str(count))
+    started.children.append(parent)
+    return parent, [int(pid) for pid in parent.stdout.readline().split()]
+
+
+def start_orphan(started, user, python, ignore_term=False):
+    launcher = run_as(user, python, ORPHAN, "ignore-term" if ignore_term else "exit-on-term")
+    line = launcher.stdout.readline()
+    launcher.wait(timeout=10)
+    launcher.stdout.close()
+    pid = int(line)
+    entry = read_process(pid)
+    started.detached.append(entry)
+    parent = read_process(entry["ppid"])
+    if entry["ppid"] != 1 and (parent is None or parent["name"] != "systemd"):
+        pytest.skip(f"an orphan here goes to pid {entry['ppid']} (a subreaper), not to init")
+    return entry
+
+
+def wait_for(condition, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def is_zombie(pid):
+    info = read_process(pid)
+    return info is not None and info["state"] == "Z"
+
+
+def proc_view(folder, pids):
+    """A /proc that shows only `pids` (links to their real /proc/<pid>), with the real
+    loadavg and pid_max: the watcher and clean_up() see the test's processes and no
+    other, whatever else runs on this machine meanwhile."""
+    (folder / "sys" / "kernel").mkdir(parents=True)
+    (folder / "loadavg").symlink_to("/proc/loadavg")
+    (folder / "sys" / "kernel" / "pid_max").symlink_to("/proc/sys/kernel/pid_max")
+    for pid in pids:
+        (folder / str(pid)).symlink_to(f"/proc/{pid}")
+    return str(folder)
+
+
+def test_scan_sees_zombies_with_their_parent(started, test_user, python):
+    parent, zombie_pids = start_zombies(started, test_user, python, 3)
+
+    report = scan(job_users=set())
+
+    ours = [zombie for zombie in report.zombies if zombie["pid"] in zombie_pids]
+    assert sorted(zombie["pid"] for zombie in ours) == sorted(zombie_pids)
+    with open(f"/proc/{parent.pid}/comm") as f:
+        parent_name = f.read().strip()
+    for zombie in ours:
+        assert zombie["ppid"] == parent.pid
+        assert zombie["parent_name"] == parent_name
+        assert zombie["parent_cmdline"].startswith(f"{python} -c ")
+        assert len(zombie["parent_cmdline"]) == 200  # the program is longer: cut
+        assert zombie["parent_cmdline"].endswith("…")
+        assert zombie["user"] == test_user.pw_name
+        assert zombie["start_ticks"] == read_process(zombie["pid"])["start_ticks"]
+    assert not {orphan["pid"] for orphan in report.orphans} & set(zombie_pids)
+    assert report.summary()["zombies"] == len(report.zombies) >= 3
+
+
+def test_scan_sees_orphans_of_users_without_a_job(started, test_user, python):
+    orphan = start_orphan(started, test_user, python)
+
+    [found] = [o for o in scan(job_users=set()).orphans if o["pid"] == orphan["pid"]]
+    assert found["user"] == test_user.pw_name
+    assert found["uid"] == test_user.pw_uid
+    assert found["start_ticks"] == orphan["start_ticks"]
+    assert found["cmdline"].startswith(f"{python} -c ")
+    assert found["state"] == "S"
+
+    def orphan_pids(**kwargs):
+        return {o["pid"] for o in scan(**kwargs).orphans}
+
+    assert orphan["pid"] not in orphan_pids(job_users={test_user.pw_name})
+    assert orphan["pid"] not in orphan_pids(job_users=set(), min_uid=test_user.pw_uid + 1)
+    assert scan(job_users=None).orphans == []  # Slurm's jobs unknown: never guess
+
+
+def test_a_process_that_is_gone_reads_as_none():
+    child = subprocess.Popen(["sleep", "30"])
+    assert read_process(child.pid)["name"] == "sleep"
+    child.kill()
+    child.wait()
+    assert read_process(child.pid) is None
+
+
+def test_summary_counts_every_task_against_pid_max():
+    report = scan(job_users=None)
+    summary = report.summary()
+
+    assert set(summary) == {"zombies", "orphans", "tasks", "pid_max"}
+    assert all(type(value) is int for value in summary.values())
+    with open("/proc/sys/kernel/pid_max") as f:
+        assert summary["pid_max"] == int(f.read())
+    # Threads, not processes: this process alone counts each of its threads.
+    assert summary["tasks"] >= len(processes.process_pids())
+    assert report.tasks_by_user["root"] >= read_process(os.getpid())["threads"]
+
+
+def test_a_signal_is_not_sent_to_a_pid_with_another_start_time():
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        entry = read_process(child.pid)
+        assert not send_signal({**entry, "start_ticks": entry["start_ticks"] + 1},
+                               signal.SIGTERM)
+        assert child.poll() is None
+        assert send_signal(entry, signal.SIGTERM)
+        assert child.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_the_watcher_opens_and_clears_zombie_processes(started, test_user, python, tmp_path):
+    parent, zombie_pids = start_zombies(started, test_user, python, 3)
+    view = proc_view(tmp_path, [parent.pid, *zombie_pids])
+    watcher = ProcessWatcher(job_users_reader=lambda: None, zombie_threshold=4,
+                             pid_pressure_pct=100.0, proc=view)
+    assert watcher.status() is None
+
+    assert watcher.check_once() == []  # 3 zombies, below 4
+    watcher.zombie_threshold = 3
+    [opened] = watcher.check_once()
+    assert watcher.check_once() == []  # still at the threshold: no new event
+    os.kill(parent.pid, signal.SIGCHLD)
+    wait_for(lambda: not any(is_zombie(pid) for pid in zombie_pids))
+    [cleared] = watcher.check_once()
+    assert watcher.check_once() == []
+
+    with open(f"/proc/{parent.pid}/comm") as f:
+        parent_name = f.read().strip()
+    assert (opened["signature"], opened["severity"], opened["state"], opened["gpu_uuid"]) == (
+        "zombie_processes", "warning", "active", None)
+    assert opened["message"] == (
+        f"3 zombie processes (threshold 3); parents: {parent_name} (pid {parent.pid}) 3")
+    assert opened["detail"]["zombies"] == 3
+    assert opened["detail"]["threshold"] == 3
+    listed = opened["detail"]["processes"]
+    assert sorted(zombie["pid"] for zombie in listed) == sorted(zombie_pids)
+    assert listed[0]["ppid"] == parent.pid
+    assert listed[0]["parent_name"] == parent_name
+    assert listed[0]["user"] == test_user.pw_name
+    assert set(listed[0]) == {"pid", "name", "ppid", "parent_name", "parent_cmdline", "user"}
+    assert (cleared["signature"], cleared["severity"], cleared["state"]) == (
+        "zombie_processes", "info", "cleared")
+    assert cleared["detail"] == {"zombies": 0, "threshold": 3}
+    encode(opened)
+    encode(cleared)
+
+    status = watcher.status()
+    assert {key: status[key] for key in ("zombies", "orphans")} == {"zombies": 0, "orphans": 0}
+    assert set(status) == {"zombies", "orphans", "tasks", "pid_max", "checked_at"}
+    assert abs(status["checked_at"] - time.time()) < 60
+
+
+def test_the_watcher_opens_and_clears_pid_pressure():
+    watcher = ProcessWatcher(job_users_reader=lambda: set(), zombie_threshold=10**6,
+                             pid_pressure_pct=0.001)
+    [opened] = watcher.check_once()
+    assert watcher.check_once() == []
+    watcher.pid_pressure_pct = 100.0
+    [cleared] = watcher.check_once()
+
+    assert (opened["signature"], opened["severity"], opened["state"]) == (
+        "pid_pressure", "warning", "active")
+    detail = opened["detail"]
+    assert set(detail) == {"tasks", "pid_max", "pct", "threshold_pct", "top_users"}
+    assert detail["pct"] == round(detail["tasks"] / detail["pid_max"] * 100, 1)
+    assert detail["threshold_pct"] == 0.001
+    assert 1 <= len(detail["top_users"]) <= 5
+    assert sum(user["tasks"] for user in detail["top_users"]) <= detail["tasks"]
+    assert "root" in {user["user"] for user in detail["top_users"]}
+    assert opened["message"].startswith(f"{detail['tasks']} tasks of pid_max {detail['pid_max']}")
+    assert (cleared["signature"], cleared["severity"], cleared["state"]) == (
+        "pid_pressure", "info", "cleared")
+    encode(opened)
+
+
+def test_clean_up_ends_orphans_and_has_zombies_reaped(started, test_user, python, tmp_path):
+    polite = start_orphan(started, test_user, python)
+    stubborn = start_orphan(started, test_user, python, ignore_term=True)
+    parent, zombie_pids = start_zombies(started, test_user, python, 3)
+    view = proc_view(tmp_path, [polite["pid"], stubborn["pid"], parent.pid, *zombie_pids])
+
+    result = clean_up(job_users=set(), grace_s=0.5, proc=view)
+
+    assert result["orphans_found"] == 2
+    assert result["orphans_ended"] == [polite["pid"]]
+    assert result["orphans_killed"] == [stubborn["pid"]]
+    assert result["orphans_left"] == []
+    assert result["orphans_after"] == 0
+    assert not processes.is_running(polite) and not processes.is_running(stubborn)
+    assert result["parents_signalled"] == [parent.pid]
+    assert not any(is_zombie(pid) for pid in zombie_pids)
+    assert result["zombies_before"] == 3
+    # The two orphans ended may still have been waiting for init to reap them.
+    assert sum(is_zombie(o["pid"]) for o in (polite, stubborn)) <= result["zombies_after"] <= 2
+    assert result["message"] == (
+        "ended 2 orphaned processes (1 with SIGKILL); signalled 1 parent of 3 zombies; "
+        f"{counted(result['zombies_after'], 'zombie')} left")
+    json.dumps(result)
+
+
+def test_clean_up_leaves_the_processes_of_users_with_a_job(started, test_user, python,
+                                                          tmp_path):
+    orphan = start_orphan(started, test_user, python)
+    view = proc_view(tmp_path, [orphan["pid"]])
+
+    result = clean_up(job_users={test_user.pw_name}, grace_s=0.5, proc=view)
+
+    assert result["orphans_found"] == 0
+    assert processes.is_running(orphan)

@@ -1,0 +1,123 @@
+"""Node hygiene on a simulated node (agent/hygiene/simulated.py): injected faults become the
+events the real watchers send, the server's cleanup and reconfigure end them, a reboot ends
+what dies with the node, and the readings the samples carry follow."""
+
+import asyncio
+
+from agent.backends.simulated import SimulatedBackend
+from agent.config import Config, build_config
+from agent.hygiene import make_hygiene
+from agent.hygiene.simulated import SimulatedHygiene
+from agent.inject import parse_inject
+from agent.protocol import encode
+
+NODE = "gpu-020"
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def simulated(spec="", **options):
+    clock = Clock()
+    faults = parse_inject(spec) if spec else []
+    backend = SimulatedBackend(NODE, gpu_count=8, faults=faults, clock=clock)
+    hygiene = SimulatedHygiene(NODE, backend, faults, clock=clock,
+                               wall=lambda: clock.now + 1.7e9, **options)
+    return hygiene, backend, clock
+
+
+def poll_at(hygiene, clock, t):
+    clock.now = 1000.0 + t
+    events = hygiene.poll([])
+    for event in events:
+        encode(event)  # every one is a frame the server takes
+    return events
+
+
+def test_a_healthy_simulated_node_reports_readings_and_no_events():
+    hygiene, _, clock = simulated()
+    assert poll_at(hygiene, clock, 60) == []
+    assert hygiene.status_of("slurmd")["state"] == "running"
+    assert hygiene.status_of("slurmd")["watched_by"] == "simulated"
+    assert hygiene.status_of("processes")["zombies"] == 0
+    assert hygiene.status_of("gres") == {"match": True, "nvml_gpus": 8, "slurm_gpus": 8,
+                                         "checked_at": clock.now + 1.7e9}
+
+
+def test_gres_drift_opens_and_the_servers_reconfigure_clears_it():
+    hygiene, _, clock = simulated("gres_drift@30s")
+    assert poll_at(hygiene, clock, 29) == []
+    [drift] = poll_at(hygiene, clock, 30)
+    assert (drift["signature"], drift["severity"]) == ("gres_drift", "warning")
+    assert drift["detail"]["problems"][0] == "Slurm's Gres says 7 GPUs, NVML sees 8"
+    assert hygiene.status_of("gres")["match"] is False
+    message = asyncio.run(hygiene.run("reconfigure", {}, None))
+    assert message.endswith("Slurm's view matches NVML's 8 GPUs")
+    [cleared] = poll_at(hygiene, clock, 31)
+    assert (cleared["signature"], cleared["state"]) == ("gres_drift", "cleared")
+    assert hygiene.status_of("gres")["match"] is True
+
+
+def test_zombies_open_and_the_servers_cleanup_reaps_them():
+    hygiene, _, clock = simulated("zombies@10s")
+    [zombies] = poll_at(hygiene, clock, 10)
+    assert zombies["signature"] == "zombie_processes" and zombies["detail"]["zombies"] == 25
+    assert zombies["detail"]["processes"][0]["parent_name"] == "python3"
+    assert hygiene.status_of("processes")["zombies"] == 25
+    message = asyncio.run(hygiene.run("cleanup", {}, None))
+    assert message == ("ended 0 orphaned processes (0 with SIGKILL); signalled 1 parent of "
+                       "25 zombies; 0 zombies left")
+    [cleared] = poll_at(hygiene, clock, 11)
+    assert cleared["state"] == "cleared"
+
+
+def test_slurmd_flapping_is_three_restarts_then_clears_after_the_window():
+    hygiene, _, clock = simulated("slurmd_flap@5s", flap_window_s=120)
+    signatures = []
+    for t in range(0, 60):
+        signatures += [e["signature"] for e in poll_at(hygiene, clock, t)]
+    assert signatures == ["slurmd_restarted", "slurmd_restarted", "slurmd_restarted",
+                          "slurmd_flapping"]
+    assert hygiene.status_of("slurmd")["restarts"] == 3
+    assert poll_at(hygiene, clock, 140) == []  # 115 s after the last restart
+    [cleared] = poll_at(hygiene, clock, 166)
+    assert (cleared["signature"], cleared["state"]) == ("slurmd_flapping", "cleared")
+
+
+def test_job_leftovers_come_with_their_job_and_a_reboot_clears_them():
+    hygiene, backend, clock = simulated("job_leftovers@20s:gpu2,zombies@30s,gres_drift@90s")
+    notice, leftovers = poll_at(hygiene, clock, 20)
+    assert notice["signature"] == "job_cleanup" and notice["severity"] == "info"
+    assert notice["detail"]["gpu_processes"][0]["gpu_index"] == 2
+    assert leftovers["signature"] == "job_leftovers" and leftovers["severity"] == "warning"
+    poll_at(hygiene, clock, 30)
+    backend.reboot()
+    cleared = poll_at(hygiene, clock, 40)
+    assert sorted((e["signature"], e["state"]) for e in cleared) == [
+        ("job_leftovers", "cleared"), ("zombie_processes", "cleared")]
+    assert poll_at(hygiene, clock, 100) == []  # the drift, not yet due, never comes
+
+
+def test_with_job_every_jobs_end_cleanly_now_and_then():
+    hygiene, _, clock = simulated(job_every_s=60)
+    notices = [e for t in range(0, 601, 5) for e in poll_at(hygiene, clock, t)]
+    assert 5 <= len(notices) <= 20
+    assert {e["signature"] for e in notices} == {"job_cleanup"}
+    assert all(e["message"].endswith("GPUs clean") for e in notices)
+    assert len({e["detail"]["job_id"] for e in notices}) == len(notices)
+
+
+def test_a_simulated_agent_simulates_hygiene_unless_told_otherwise(tmp_path):
+    backend = SimulatedBackend(NODE, gpu_count=2)
+    config = Config(node_name=NODE, simulate=True, state_dir=str(tmp_path))
+    hygiene = make_hygiene(config, backend)
+    assert set(hygiene.status()) == {"slurmd", "processes", "gres"}
+    assert hygiene.commands.actions == ("cleanup", "reconfigure")
+    off = build_config({"server": "ws://127.0.0.1:1/ws/agent/", "token": "t", "simulate": True,
+                        "hygiene": False, "node_name": NODE})
+    assert make_hygiene(off, backend).status() is None
