@@ -136,6 +136,9 @@ def add_hygiene_options(parser):
                        help="zombies that open zombie_processes (10)")
     group.add_argument("--pid-pressure-pct", type=float, metavar="PCT",
                        help="tasks, as %% of pid_max, that open pid_pressure (80)")
+    group.add_argument("--process-check-interval", type=float, metavar="SECONDS",
+                       help="how often the process table is read for zombies, orphans and "
+                            "PID usage (30)")
     group.add_argument("--job-cleanup-grace", type=float, metavar="SECONDS",
                        help="at job end, from SIGTERM to SIGKILL for a job's leftovers (10)")
     group.add_argument("--slurm-cgroup-root", metavar="DIR",

@@ -81,6 +81,7 @@ HYGIENE_KEYS = {
     "slurmd_flap_window": ((int, float), "a number", 600.0),
     "zombie_threshold": ((int,), "an integer", 10),
     "pid_pressure_pct": ((int, float), "a number", 80.0),
+    "process_check_interval": ((int, float), "a number", 30.0),
     "job_cleanup_grace": ((int, float), "a number", 10.0),
     "slurm_cgroup_root": ((str,), "a string", "/sys/fs/cgroup/system.slice/slurmstepd.scope"),
     "shm_dir": ((str,), "a string", "/dev/shm"),
@@ -158,6 +159,7 @@ class HygieneConfig:
     slurmd_flap_window_s: float = 600.0
     zombie_threshold: int = 10
     pid_pressure_pct: float = 80.0
+    process_check_interval_s: float = 30.0
     job_cleanup_grace_s: float = 10.0
     slurm_cgroup_root: str = "/sys/fs/cgroup/system.slice/slurmstepd.scope"
     shm_dir: str = "/dev/shm"
@@ -181,6 +183,7 @@ def build_hygiene_config(values):
         slurmd_flap_window_s=float(get("slurmd_flap_window")),
         zombie_threshold=get("zombie_threshold"),
         pid_pressure_pct=float(get("pid_pressure_pct")),
+        process_check_interval_s=float(get("process_check_interval")),
         job_cleanup_grace_s=float(get("job_cleanup_grace")),
         slurm_cgroup_root=get("slurm_cgroup_root"),
         shm_dir=get("shm_dir"),
@@ -204,6 +207,9 @@ def build_hygiene_config(values):
         raise ConfigError(f"zombie threshold {config.zombie_threshold}: at least 1")
     if not 0 < config.pid_pressure_pct <= 100:
         raise ConfigError(f"PID pressure {config.pid_pressure_pct:g} %: above 0, at most 100")
+    if not 0.5 <= config.process_check_interval_s <= 3600:
+        raise ConfigError(f"process check interval {config.process_check_interval_s:g} s: "
+                          f"0.5 s to an hour")
     if not 0 <= config.job_cleanup_grace_s <= 600:
         raise ConfigError(f"job cleanup grace {config.job_cleanup_grace_s:g} s: 0 to 600 s")
     if not 10 <= config.gres_check_interval_s <= 86400:

@@ -142,7 +142,8 @@ def _watching(config, backend):
     slurm = shutil.which("scontrol") is not None
     processes = ProcessWatcher(
         job_users_reader=(lambda: host.running_job_users(node)) if slurm else (lambda: None),
-        zombie_threshold=settings.zombie_threshold, pid_pressure_pct=settings.pid_pressure_pct)
+        zombie_threshold=settings.zombie_threshold, pid_pressure_pct=settings.pid_pressure_pct,
+        interval_s=settings.process_check_interval_s)
     watchers, parts = [processes], {"processes": processes.status}
     slurmd = gres_watcher = None
     if slurm:
