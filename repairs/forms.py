@@ -25,7 +25,7 @@ class AbortRepairForm(forms.Form):
 
 
 class ProposeRepairForm(forms.Form):
-    action = forms.ChoiceField(choices=Action.choices)
+    action = forms.ChoiceField(choices=Action.choices, initial=Action.REBOOT)
     reason = forms.CharField(max_length=300, help_text="Why this node needs it.")
 
 
