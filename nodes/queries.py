@@ -214,11 +214,14 @@ def hygiene_context(node, now=None):
     return context
 
 
-def _how_many(value):
-    """A count the agent reports as a number or as the list of what it counts."""
-    if isinstance(value, list):
-        return len(value)
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+def _how_many(report, count_key, list_key):
+    """How many: the report's count (its lists are cut to stay under PROTOCOL.md's 16 KiB),
+    else the length of its list, else a number where the list would be."""
+    for value in (report.get(count_key), report.get(list_key)):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    value = report.get(list_key)
+    return len(value) if isinstance(value, list) else 0
 
 
 def job_cleanup_row(event):
@@ -230,13 +233,13 @@ def job_cleanup_row(event):
         "job_id": report.get("job_id"),
         "user": report.get("user"),
         "method": report.get("method"),
-        "found": _how_many(report.get("found")),
-        "ended": _how_many(report.get("ended")),
-        "killed": _how_many(report.get("killed")),
-        "left": _how_many(report.get("left")),
+        "found": _how_many(report, "found", "processes"),
+        "ended": _how_many(report, "ended_count", "ended"),
+        "killed": _how_many(report, "killed_count", "killed"),
+        "left": _how_many(report, "left_count", "left"),
         "gpu_processes": report.get("gpu_processes") or [],
         "gpu_check": report.get("gpu_check"),
-        "shm_removed": _how_many(report.get("shm_removed")),
+        "shm_removed": _how_many(report, "shm_removed_files", "shm_removed"),
         "shm_removed_bytes": report.get("shm_removed_bytes") or 0,
         "shm_skipped": report.get("shm_skipped"),
         "message": event.message,

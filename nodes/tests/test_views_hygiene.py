@@ -30,9 +30,11 @@ HYGIENE = {
 CLEANUP_REPORT = {
     "job_id": "4821", "user": "alice", "method": "proc", "found": 3,
     "processes": [{"pid": 991, "name": "python3", "cmdline": "python3 daemon.py"}],
-    "ended": [991, 992], "killed": [993], "left": [], "gpu_processes": [], "gpu_check": "ok",
+    "ended": [991, 992], "killed": [993], "left": [], "ended_count": 2, "killed_count": 1,
+    "left_count": 0, "gpu_processes": [], "gpu_check": "ok",
     "shm_removed": [{"path": "/dev/shm/nccl-1", "bytes": 41943040}],
-    "shm_removed_bytes": 41943040, "shm_skipped": None, "duration_s": 2.1,
+    "shm_removed_bytes": 41943040, "shm_removed_files": 1, "shm_skipped": None,
+    "duration_s": 2.1,
 }
 
 
@@ -157,3 +159,18 @@ def test_an_operators_clean_up_is_an_audited_command_whose_result_shows(client_f
                       ).content.decode()
     assert "<strong>ok</strong>: ended 3 orphaned processes" in text
     assert 'hx-trigger="every 15s"' in text
+
+
+def test_the_counts_come_from_the_report_not_its_cut_lists(client_for, viewer, node, store):
+    report(node, store)
+    cut = {**CLEANUP_REPORT, "found": 12000, "ended": [1, 2], "ended_count": 11990,
+           "killed_count": 10, "shm_removed": [{"path": "/dev/shm/a", "bytes": 1}],
+           "shm_removed_files": 300, "cut": {"ended": 11990}}
+    ingest_events([(node.pk, event("job_cleanup", "info", "job 4821 (alice): 12000 processes",
+                                   cut))])
+    text = client_for(viewer).get(reverse("nodes:hygiene", args=[node.cluster.slug, node.name])
+                                  ).content.decode()
+    row = text[text.index('id="job-cleanups"'):]
+    assert '<td class="num">12000</td>' in row
+    assert '<td class="num">11990</td><td class="num">10</td>' in row
+    assert "300 files" in row
