@@ -37,6 +37,39 @@ class LiveNumbers(Schema):
     power_w: float | None
 
 
+class SlurmdReading(Schema):
+    state: str | None = None
+    pid: int | None = None
+    since: float | None = Field(None, description="Unix seconds: when this slurmd started")
+    restarts: int | None = Field(None, description="by the agent, since it started")
+    last_restart_at: float | None = None
+    watched_by: str | None = None
+    restart: bool | None = Field(None, description="whether the agent restarts a dead slurmd")
+
+
+class ProcessReading(Schema):
+    zombies: int | None = None
+    orphans: int | None = Field(None, description="of ended jobs")
+    tasks: int | None = None
+    pid_max: int | None = None
+    checked_at: float | None = None
+
+
+class GresReading(Schema):
+    match: bool | None = Field(None, description="Slurm's view of the GPUs matches NVML's")
+    nvml_gpus: int | None = None
+    slurm_gpus: int | None = None
+    checked_at: float | None = None
+
+
+class HygieneReadings(Schema):
+    """The node's agent's latest node hygiene readings (sample.hygiene)."""
+
+    slurmd: SlurmdReading | None = None
+    processes: ProcessReading | None = None
+    gres: GresReading | None = None
+
+
 class NodeOut(Schema):
     name: str
     hostname: str
@@ -48,6 +81,17 @@ class NodeOut(Schema):
     last_seen: datetime | None
     worst_signal: str = ""
     live: LiveNumbers | None = None
+    hygiene: HygieneReadings | None = Field(None, description="one node only (not in lists)")
+
+
+class CommandOut(Schema):
+    id: int
+    node: str
+    action: str
+    status: str
+    message: str
+    requested_at: datetime
+    finished_at: datetime | None
 
 
 class EventOut(Schema):

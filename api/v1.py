@@ -31,9 +31,10 @@ from healthchecks.queries import worst_open_signals
 from healthchecks.services import do_acknowledge_event, do_request_checks, do_silence_signature
 from jobs.models import Job
 from nodes.filters import NodeFilter
-from nodes.models import Node
+from nodes.live import get_live_store
+from nodes.models import AgentCommand, Node
 from nodes.queries import live_numbers
-from nodes.services import do_pause_node, do_resume_node
+from nodes.services import do_pause_node, do_resume_node, do_send_command
 from repairs.choices import Action
 from repairs.filters import RepairHistoryFilter
 from repairs.models import Repair
@@ -191,12 +192,12 @@ def get_cluster(request, slug: str):
     return cluster_json(cluster_of(slug))
 
 
-def node_json(node, live=None, signals=None):
+def node_json(node, live=None, signals=None, hygiene=None):
     return {"name": node.name, "hostname": node.hostname, "state": node.state,
             "role": node.role, "paused": node.paused, "gpus": node.gpu_count,
             "boot_id": node.boot_id, "last_seen": node.last_seen,
             "worst_signal": (signals or {}).get(node.pk, ""),
-            "live": (live or {}).get(node.pk)}
+            "live": (live or {}).get(node.pk), "hygiene": hygiene}
 
 
 def nodes_of(cluster):
@@ -221,7 +222,9 @@ def node_of(cluster, name):
 def get_node(request, slug: str, name: str):
     cluster = cluster_of(slug)
     node = node_of(cluster, name)
-    return node_json(node, live_numbers(cluster), worst_open_signals(cluster, [node.pk]))
+    entry = get_live_store().read_node(cluster.pk, node.pk) or {}
+    return node_json(node, live_numbers(cluster), worst_open_signals(cluster, [node.pk]),
+                     hygiene=entry.get("hygiene"))
 
 
 def event_json(event):
@@ -389,6 +392,19 @@ def propose_repair(request, slug: str, name: str, body: schemas.Propose):
     repair = do_propose_repair(node, action=body.action, actor=request.user,
                                reason=body.reason, request=request)
     return 201, acted(repair)
+
+
+@clusters.post("/{slug}/nodes/{name}/cleanup/", response={202: schemas.CommandOut},
+               summary="Have the node's agent end the orphans of ended jobs and signal "
+                       "zombies' parents (operators); its answer comes in the command")
+def clean_up_node(request, slug: str, name: str):
+    require(request, Role.OPERATOR)
+    node = node_of(cluster_of(slug), name)
+    command = do_send_command(node, AgentCommand.Action.CLEANUP, actor=request.user,
+                              request=request)
+    return 202, {"id": command.pk, "node": node.name, "action": command.action,
+                 "status": command.status, "message": command.message,
+                 "requested_at": command.requested_at, "finished_at": command.finished_at}
 
 
 @clusters.post("/{slug}/nodes/{name}/pause/", response=schemas.NodeOut,

@@ -85,6 +85,12 @@ def test_clusterctl_lists_approves_and_is_refused_by_role(processes, clusterctl,
     entry = AuditEntry.objects.get(action="repair.approve")
     assert entry.actor == operator and entry.changes.get("comment") == "from the shell"
 
+    cleanup = run(clusterctl, server, operator_token, "nodes", "cleanup", "gpu-001")
+    assert cleanup.returncode == 0, cleanup.stderr
+    header, row = cleanup.stdout.splitlines()
+    assert header.split() == ["NODE", "ACTION", "STATUS", "REQUESTED", "ID"]
+    assert row.split()[:3] == ["gpu-001", "cleanup", "queued"]
+
     missing = run(clusterctl, server, None, "clusters", "list")
     assert missing.returncode == 1 and "no token" in missing.stderr
     unknown = run(clusterctl, server, operator_token, "repairs", "show", "999")

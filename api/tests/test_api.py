@@ -176,3 +176,34 @@ def test_a_comment_longer_than_the_column_is_a_clear_422(cluster, api_as):
                            {"comment": "x" * 501})
     assert response.status_code == 422 and response["Content-Type"] == PROBLEM
     assert client.get(f"/api/v1/clusters/{cluster.slug}/repairs/²/").status_code == 404
+
+
+def test_one_node_comes_with_its_hygiene_readings_and_an_operator_cleans_it_up(
+        cluster, api_as, settings):
+    import time
+
+    from nodes.live import get_live_store, live_entry, reset_live_store
+    from nodes.models import AgentCommand
+
+    settings.REDIS_URL = ""
+    reset_live_store()
+    node = NodeFactory(cluster=cluster, name="gpu-0001")
+    frame = {"type": "sample", "seq": 1, "ts": time.time(), "gpus": [], "node": {}}
+    hygiene = {"processes": {"zombies": 12, "orphans": 3, "tasks": 500, "pid_max": 32768,
+                             "checked_at": 1.0}}
+    get_live_store().record(cluster.pk, live_entry(frame, node_id=node.pk,
+                                                   received_at=time.time(), memory_totals={},
+                                                   hygiene=hygiene))
+    client, operator = api_as(Role.OPERATOR)
+    body = client.get(f"/api/v1/clusters/{cluster.slug}/nodes/gpu-0001/").json()
+    assert body["hygiene"]["processes"]["zombies"] == 12
+    assert body["hygiene"]["slurmd"] is None
+    listed = client.get(f"/api/v1/clusters/{cluster.slug}/nodes/").json()["items"][0]
+    assert listed["hygiene"] is None  # one node's page of readings, not every node's
+
+    response = client.post(f"/api/v1/clusters/{cluster.slug}/nodes/gpu-0001/cleanup/")
+    assert response.status_code == 202
+    command = AgentCommand.objects.get(node=node)
+    assert response.json()["id"] == command.pk and response.json()["status"] == "queued"
+    assert command.action == "cleanup" and command.requested_by == operator
+    reset_live_store()

@@ -112,6 +112,8 @@ COLUMNS = {
                 ("SIGNATURE", "signature"), ("REQUESTED", "requested_at")],
     "checks": [("NODE", "node"), ("CHECK", "check"), ("PURPOSE", "purpose"),
                ("STATUS", "status"), ("REQUESTED", "requested_at"), ("ID", "id")],
+    "commands": [("NODE", "node"), ("ACTION", "action"), ("STATUS", "status"),
+                 ("REQUESTED", "requested_at"), ("ID", "id")],
 }
 
 
@@ -135,6 +137,8 @@ def parser():
     pause.add_argument("node")
     pause.add_argument("--reason", required=True)
     nodes.add_parser("resume").add_argument("node")
+    nodes.add_parser("cleanup", help="end the orphans of ended jobs, signal zombies' parents"
+                     ).add_argument("node")
 
     events = nouns.add_parser("events").add_subparsers(dest="verb", required=True)
     event_list = events.add_parser("list")
@@ -198,6 +202,8 @@ def run(api, args):
                              signature=args.signature, name=args.name), "nodes"
         if args.verb == "pause":
             return [api.post(f"{at}/nodes/{args.node}/pause/", {"reason": args.reason})], "nodes"
+        if args.verb == "cleanup":
+            return [api.post(f"{at}/nodes/{args.node}/cleanup/")], "commands"
         return [api.post(f"{at}/nodes/{args.node}/resume/")], "nodes"
     if args.noun == "events":
         if args.verb == "list":
