@@ -7,10 +7,13 @@ leaves each script_result in the state dir's spool: the running agent sends it w
 sample interval (or, if the agent is down, once it is back). It talks to no server itself.
 
 At job end the hook first cleans up after the job (node hygiene, agent/hygiene/job_cleanup.py):
-every process of the job (its cgroup, else /proc by SLURM_JOB_ID) is ended, GPU memory still
-held is looked for, and the user's /dev/shm files go when the user has no other job here.
-The report goes to the server as a `job_cleanup` notice, and GPU memory still held as
-`job_leftovers`, through the same spool. The cleanup never changes the exit status.
+every process of the job's user (SLURM_JOB_UID, else SLURM_JOB_USER's uid) that is the job's
+(its cgroup, else /proc by SLURM_JOB_ID) is ended, never the Epilog's own processes; GPU
+memory still held on the job's GPUs is looked for, and the user's older /dev/shm files go
+when no process of the user carries another job's id. It asks Slurm nothing. The report goes
+to the server as a `job_cleanup` notice through the same spool; GPU memory still held is
+recorded for the agent, whose LeftoversWatcher sends the `job_leftovers` warning (and later
+its clear). The cleanup never changes the exit status.
 
 Exit status, as Slurm reads it: 0 when every script exited 0 (or there were none, or the
 agent has saved no config yet); 1 when one failed or hit its time limit. A non-zero Prolog
@@ -21,9 +24,10 @@ drains the node too. A script that must not hold up jobs should exit 0.
 import argparse
 import logging
 import os
+import pwd
 import sys
 
-from agent import host, scripts
+from agent import scripts
 from agent.config import (DEFAULT_STATE_DIR, ConfigError, build_hygiene_config,
                           read_config_file)
 
@@ -73,24 +77,48 @@ def run_hook(event, state_dir, env, *, hygiene=None, nvml=None):
 
 
 def clean_up_after_job(state_dir, env, hygiene, nvml=None):
-    """End what the job left behind; spool its job_cleanup notice (and job_leftovers)."""
+    """End what the job left behind; spool its job_cleanup notice, and record the GPU
+    memory still held (the agent announces it as job_leftovers). The report."""
     from agent.hygiene import job_cleanup
 
-    job_id, user = env["SLURM_JOB_ID"], env.get("SLURM_JOB_USER") or ""
-    node = env.get("SLURMD_NODENAME") or host.short_hostname()
+    job_id = env["SLURM_JOB_ID"]
+    job_uid, user = job_user(env)
+    if job_uid is None:
+        log.warning("job %s: no SLURM_JOB_UID and no user %r on this node: no process of "
+                    "the job is ended", job_id, user)
     report = job_cleanup.clean_job(
-        job_id=job_id, user=user, gpus=env.get("SLURM_JOB_GPUS"),
-        user_has_other_jobs=host.user_has_other_jobs(node, user, job_id) if user else None,
+        job_id=job_id, user=user, job_uid=job_uid, gpus=env.get("SLURM_JOB_GPUS"),
         nvml=nvml or pynvml_module(), grace_s=hygiene.job_cleanup_grace_s,
         cgroup_root=hygiene.slurm_cgroup_root, shm_dir=hygiene.shm_dir)
     notice = job_cleanup.cleanup_event(report)
-    spool = scripts.ResultSpool(state_dir)
-    spool.add(notice)
+    scripts.ResultSpool(state_dir).add(notice)
     if report["gpu_processes"]:
         job_cleanup.record_leftovers(state_dir, report)
-        spool.add(job_cleanup.leftovers_event(report))
     log.info("%s", notice["message"])
     return report
+
+
+def job_user(env):
+    """(uid, name) of the job's user: the uid from SLURM_JOB_UID, else from the passwd
+    entry of SLURM_JOB_USER; the name from SLURM_JOB_USER, else the uid's passwd entry
+    (else the uid as text). The uid is None when neither says (then "" or the unknown
+    name)."""
+    user = env.get("SLURM_JOB_USER") or ""
+    uid = None
+    try:
+        uid = int(env.get("SLURM_JOB_UID", ""))
+    except ValueError:
+        if user:
+            try:
+                uid = pwd.getpwnam(user).pw_uid
+            except KeyError:
+                pass
+    if uid is not None and not user:
+        try:
+            user = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            user = str(uid)
+    return uid, user
 
 
 def pynvml_module():

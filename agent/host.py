@@ -107,20 +107,13 @@ def _squeue(argv):
     return [line.strip() for line in result.stdout.splitlines() if line.strip()]
 
 
-def running_job_users(node_name):
-    """The users with a job running, suspended or completing on this node (a set), or None
-    when Slurm cannot say: whose processes are not orphans."""
-    lines = _squeue(["-w", node_name, "-t", "RUNNING,SUSPENDED,COMPLETING", "-o", "%u"])
+def running_job_ids(node_name):
+    """The ids (strings) of the jobs running, suspended, completing or configuring on this
+    node, or None when Slurm cannot say: an orphan is a process whose SLURM_JOB_ID is none
+    of them."""
+    lines = _squeue(["-w", node_name, "-t", "RUNNING,SUSPENDED,COMPLETING,CONFIGURING",
+                     "-o", "%A"])
     return None if lines is None else set(lines)
-
-
-def user_has_other_jobs(node_name, user, job_id):
-    """Whether `user` has a job other than `job_id` running or suspended on this node; None
-    when Slurm cannot say."""
-    lines = _squeue(["-w", node_name, "-u", user, "-t", "RUNNING,SUSPENDED", "-o", "%A"])
-    if lines is None:
-        return None
-    return any(line != str(job_id) for line in lines)
 
 
 def no_slurm(node_name):

@@ -56,7 +56,9 @@ class ProcessReading(Schema):
 
 
 class GresReading(Schema):
-    match: bool | None = Field(None, description="Slurm's view of the GPUs matches NVML's")
+    match: bool | None = Field(None, description="Slurm's view of the GPUs matches NVML's; "
+                                                 "null: not compared (not_compared says why)")
+    not_compared: str | None = None
     nvml_gpus: int | None = None
     slurm_gpus: int | None = None
     checked_at: float | None = None

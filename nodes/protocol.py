@@ -211,7 +211,8 @@ HYGIENE = {
         "checked_at": (_number, False),
     }, False),
     "gres": ({
-        "match": (_boolean, False),
+        "match": (_boolean, False),  # null: not compared (why: not_compared; MIG mode)
+        "not_compared": (_free_text(200), False),
         "nvml_gpus": (_count, False),
         "slurm_gpus": (_count, False),
         "checked_at": (_number, False),

@@ -4,7 +4,9 @@ A small cluster of its own (hyg-001, hyg-002, no accounting) for this module, no
 session's `slurm` fixture: these tests kill slurmd and have the agent start it again in
 place (`slurmd -N hyg-001`, which daemonizes), and they break gres.conf. SlurmCluster.stop()
 stops such a slurmd too, by its pid file. The GPUs are the harness's fake device files; NVML
-is the agent's fake with 8 GPUs (minor numbers 0-7)."""
+is the agent's fake with 8 GPUs (minor numbers 0-7). They also show what the repair relies
+on: a Name=gpu line without NodeName= applies to every node and adds to a node's own line,
+and `scontrol show config` says whether slurmctld serves the configuration (configless)."""
 
 import os
 import re
@@ -91,7 +93,9 @@ def test_a_killed_slurmd_is_restarted_and_the_third_kill_in_a_row_is_flapping(cl
     watcher = SlurmdWatcher(node_name=NODE, watched_by="process",
                             pid_file=str(cluster.directory / "run" / f"slurmd-{NODE}.pid"),
                             restart_command=f"slurmd -N {NODE}")
-    assert watcher.check_once() == []
+    # The first check since the agent started clears a slurmd_down the server may hold.
+    [cleared] = watcher.check_once()
+    assert (cleared["signature"], cleared["state"]) == ("slurmd_down", "cleared")
     pids = [watcher.status()["pid"]]
     assert pids[0] == cluster.daemons[f"slurmd {NODE}"].process.pid
 
@@ -168,6 +172,11 @@ def test_a_gres_conf_one_gpu_short_is_drift_and_reconfigure_repairs_it(cluster, 
     assert compare(nvml_gpus(nvml, device_dir=str(dev)), slurm_view(NODE)).match
     [cleared] = watcher.check_once()
     assert (cleared["signature"], cleared["state"]) == ("gres_drift", "cleared")
+    # An agent started now (the drift may still be open on the server) clears it too.
+    restarted = GresWatcher(node_name=NODE,
+                            read_gpus=lambda: nvml_gpus(nvml, device_dir=str(dev)))
+    assert [(e["signature"], e["state"]) for e in restarted.check_once()] == [
+        ("gres_drift", "cleared")]
     # All 8 GPUs can be had again.
     job = cluster.run(["srun", "-w", NODE, "--gres=gpu:8", "sh", "-c",
                        "echo $CUDA_VISIBLE_DEVICES"], timeout=30)
@@ -199,3 +208,80 @@ def test_a_gpu_count_slurm_conf_does_not_give_is_refused_before_the_node_is_touc
            "configuration" in (cluster.logs / "slurmctld.log").read_text()
     assert gres_conf.read_text() == before and restarts == []
     assert node_fields(cluster)["Gres"] == "gpu:8" and cluster.node_states()[NODE] == "idle"
+
+
+def test_a_shared_line_is_kept_and_the_node_gets_a_line_for_the_gpus_it_leaves_out(cluster,
+                                                                                   node):
+    # One gres.conf for the cluster whose line without NodeName= names 7 GPUs: hyg-001 is
+    # marked invalid; the repair must not touch that line (hyg-002 reads it too).
+    dev = cluster.directory / "dev"
+    gres_conf = cluster.etc / "gres.conf"
+    shared = (f"AutoDetect=off\n"
+              f"Name=gpu File={dev}/nvidia[0-6]\n"
+              f"NodeName=hyg-002 Name=gpu File={dev}/nvidia7\n")
+    gres_conf.write_text(shared)
+    slurmd = SlurmdWatcher(node_name=NODE, watched_by="process")
+    ok, message = slurmd.restart_now("the test broke gres.conf")
+    assert ok, message
+    wait_for(lambda: "INVALID_REG" in node_fields(cluster)["State"], timeout=20,
+             what=f"Slurm marks {NODE} invalid")
+    gpus = nvml_gpus(FakeNvml(gpu_count=8), device_dir=str(dev))
+
+    result = reconfigure(node_name=NODE, gpus=gpus, gres_conf=None, device_dir=str(dev),
+                         restart_slurmd=lambda: slurmd.restart_now("gres.conf rewritten"))
+
+    assert gres_conf.read_text() == shared + f"NodeName={NODE} Name=gpu File={dev}/nvidia7\n"
+    assert result["after"] == []
+    fields = node_fields(cluster)
+    assert (fields["Gres"], fields["State"], fields["Reason"]) == ("gpu:8", "IDLE", None)
+    job = cluster.run(["srun", "-w", NODE, "--gres=gpu:8", "sh", "-c",
+                       "echo $CUDA_VISIBLE_DEVICES"], timeout=30)
+    assert job.stdout.strip() == "0,1,2,3,4,5,6,7"
+
+
+def test_a_shared_line_naming_a_gpu_the_node_lacks_is_refused_with_nothing_changed(cluster,
+                                                                                 node):
+    # NVML sees 7 GPUs; the cluster's one line without NodeName= names 8.
+    dev = cluster.directory / "dev"
+    gres_conf = cluster.etc / "gres.conf"
+    shared = f"AutoDetect=off\nName=gpu File={dev}/nvidia[0-7]\n"
+    gres_conf.write_text(shared)
+    backup = cluster.etc / "gres.conf.clusterui-backup"
+    backup.unlink(missing_ok=True)  # an earlier test's repair left one
+    restarts = []
+
+    with pytest.raises(ReconfigureFailed) as failed:
+        reconfigure(node_name=NODE, gpus=nvml_gpus(FakeNvml(gpu_count=7), device_dir=str(dev)),
+                    gres_conf=None, device_dir=str(dev),
+                    restart_slurmd=lambda: restarts.append(1) or (True, "restarted"))
+
+    assert str(failed.value).startswith(
+        f"{gres_conf}: gres.conf's Name=gpu line without NodeName= (`Name=gpu "
+        f"File={dev}/nvidia[0-7]`) name {dev}/nvidia7, which {NODE} does not have")
+    assert gres_conf.read_text() == shared and restarts == []
+    assert not backup.exists()
+    assert node_fields(cluster)["Gres"] == "gpu:8" and cluster.node_states()[NODE] == "idle"
+
+
+def test_configless_slurm_is_refused(cluster, node):
+    dev = cluster.directory / "dev"
+    gres_conf = cluster.etc / "gres.conf"
+    original = gres_conf.read_text()
+    broken = (f"AutoDetect=off\nNodeName={NODE} Name=gpu File={dev}/nvidia[0-6]\n"
+              f"NodeName=hyg-002 Name=gpu File={dev}/nvidia[0-7]\n")
+    cluster.set_conf(SlurmctldParameters="enable_configless")  # scontrol reconfigure
+    try:
+        gres_conf.write_text(broken)  # after the reconfigure: the slurmds keep 8 GPUs
+        with pytest.raises(ReconfigureFailed) as failed:
+            reconfigure(node_name=NODE,
+                        gpus=nvml_gpus(FakeNvml(gpu_count=8), device_dir=str(dev)),
+                        gres_conf=None, device_dir=str(dev),
+                        restart_slurmd=lambda: (True, "restarted"))
+        assert gres_conf.read_text() == broken
+    finally:
+        gres_conf.write_text(original)
+        cluster.set_conf(SlurmctldParameters=None)
+
+    assert str(failed.value).startswith(
+        f"Slurm runs configless here (SlurmctldParameters=enable_configless): {NODE} reads "
+        "gres.conf from slurmctld, there is no local gres.conf to edit.")

@@ -74,8 +74,9 @@ class HygieneCommands:
     def _clean_up(self):
         from agent.hygiene import processes
 
-        job_users = host.running_job_users(self._node_name) if self._slurm else None
-        result = processes.clean_up(job_users=job_users,
+        node = self._node_name
+        running = (lambda: host.running_job_ids(node)) if self._slurm else (lambda: None)
+        result = processes.clean_up(running_job_ids=running,
                                     grace_s=self._settings.job_cleanup_grace_s)
         log.warning("clean-up asked by the server: %s", result["message"])
         return result["message"]
@@ -141,7 +142,7 @@ def _watching(config, backend):
     nvml = getattr(backend, "nvml", None)  # None: simulated GPUs
     slurm = shutil.which("scontrol") is not None
     processes = ProcessWatcher(
-        job_users_reader=(lambda: host.running_job_users(node)) if slurm else (lambda: None),
+        running_job_ids=(lambda: host.running_job_ids(node)) if slurm else (lambda: None),
         zombie_threshold=settings.zombie_threshold, pid_pressure_pct=settings.pid_pressure_pct,
         interval_s=settings.process_check_interval_s)
     watchers, parts = [processes], {"processes": processes.status}

@@ -15,7 +15,15 @@ configured count). The GresWatcher compares, every
 
 A difference is a `gres_drift` event (warning, no GPU) with every problem in its detail,
 sent again only when the problems change, and `cleared` once they are gone. A failing
-scontrol (slurmctld down) changes nothing; it is logged once.
+scontrol (slurmctld down) changes nothing; it is logged once. The watcher does not know
+at start whether the server holds a gres_drift open (from before an agent restart): its
+first comparison that matches sends `cleared` (the server ignores a `cleared` with
+nothing open), and so does check_now().
+
+MIG: with a GPU in MIG mode Slurm counts the MIG slices as gpu (56 on 8 GPUs) and File=
+names /dev/nvidia-caps devices, so NVML's GPUs cannot be compared with Slurm's. While any
+GPU is in MIG mode nothing is compared (logged once; status() says match None and why in
+"not_compared"), an open gres_drift is cleared, and reconfigure() refuses.
 
 reconfigure() is the repair. What Slurm 22.05 does, found with real daemons
 (tests/test_agent_hygiene_slurm.py):
@@ -31,6 +39,17 @@ reconfigure() is the repair. What Slurm 22.05 does, found with real daemons
   registers with the new count and loses INVALID_REG, but keeps the DRAIN Slurm set, with
   its reason, until `scontrol update NodeName=<node> State=RESUME` (refused while the node
   is still INVAL). Only a drain whose reason is Slurm's own low-GPU-count one is resumed.
+- gres.conf is often one file for the whole cluster (NFS, a symlink). A Name=gpu line
+  without NodeName= applies to every node that reads the file, and Slurm adds a node's
+  own NodeName= lines to it (checked with real daemons: `Name=gpu File=nvidia[0-6]` and
+  `NodeName=<node> Name=gpu File=nvidia7` give that node 8 GPUs). The rewrite never
+  changes such a line: the node's own line takes the devices the shared lines leave out,
+  and when a shared line names a device this node does not have, the repair refuses with
+  what to change by hand. Lines whose NodeName= lists this node among others lose this
+  node (it gets a line of its own).
+- Configless Slurm (SlurmctldParameters=enable_configless, or a node that reads its
+  configuration from slurmctld: slurmd's conf-cache, /run/slurm/conf) has no local
+  gres.conf to edit: the repair refuses where it would have to rewrite it.
 """
 
 import json
@@ -56,6 +75,11 @@ GRES_INTERVAL_S = 300.0
 SCONTROL_TIMEOUT_S = 15
 VERIFY_WAIT_S = 20.0  # slurmd registers with slurmctld a moment after it starts
 DEFAULT_GRES_CONF = "/etc/slurm/gres.conf"
+# Where configless slurmd keeps what slurmctld sent it (SlurmdSpoolDir/conf-cache) and the
+# link to it that client commands read (/run/slurm/conf).
+CONF_CACHE_FOLDER = "conf-cache"
+RUN_SLURM_CONF = "/run/slurm/conf"
+NVML_DEVICE_MIG_ENABLE = 1  # nvmlDeviceGetMigMode's current mode with MIG on
 BACKUP_SUFFIX = ".clusterui-backup"
 DETAIL_LIMIT_BYTES = 16 * 1024
 # Slurm's own reason when slurmd reports fewer GPUs than slurm.conf configures (22.05;
@@ -74,7 +98,8 @@ class ReconfigureFailed(Exception):
 
 
 def nvml_gpus(nvml, *, device_dir="/dev"):
-    """[{"index", "uuid", "minor", "device"}] for every GPU NVML sees (NVML initialized)."""
+    """[{"index", "uuid", "minor", "device", "mig"}] for every GPU NVML sees (NVML
+    initialized); "mig" is whether the GPU is in MIG mode now (mig_mode_on)."""
     gpus = []
     for index in range(nvml.nvmlDeviceGetCount()):
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
@@ -83,8 +108,37 @@ def nvml_gpus(nvml, *, device_dir="/dev"):
             uuid = uuid.decode()
         minor = nvml.nvmlDeviceGetMinorNumber(handle)
         gpus.append({"index": index, "uuid": uuid, "minor": minor,
-                     "device": os.path.join(device_dir, f"nvidia{minor}")})
+                     "device": os.path.join(device_dir, f"nvidia{minor}"),
+                     "mig": mig_mode_on(nvml, handle)})
     return gpus
+
+
+def mig_mode_on(nvml, handle):
+    """Whether the GPU is in MIG mode now (nvmlDeviceGetMigMode's current mode, not the
+    pending one a reset would bring). A GPU without MIG answers NotSupported; an NVML or
+    pynvml without the function (FunctionNotFound, no attribute) has no MIG either."""
+    get_mig_mode = getattr(nvml, "nvmlDeviceGetMigMode", None)
+    if get_mig_mode is None:
+        return False
+    no_mig = tuple(getattr(nvml, name) for name in
+                   ("NVMLError_NotSupported", "NVMLError_FunctionNotFound")
+                   if hasattr(nvml, name))
+    try:
+        current, _pending = get_mig_mode(handle)
+    except no_mig:
+        return False
+    return current == NVML_DEVICE_MIG_ENABLE
+
+
+def mig_problem(gpus):
+    """Why Slurm's GPUs cannot be compared with these, when any is in MIG mode; else None."""
+    mig = [gpu["index"] for gpu in gpus if gpu.get("mig")]
+    if not mig:
+        return None
+    which = f"GPU {mig[0]}" if len(mig) == 1 else f"GPUs {', '.join(map(str, mig))}"
+    return (f"MIG mode is on for {which}: Slurm counts MIG slices as gpu and names "
+            f"/dev/nvidia-caps devices, so its GPUs cannot be compared with NVML's "
+            f"{gpus_text(len(gpus))}")
 
 
 # --- scontrol --------------------------------------------------------------------------------
@@ -94,7 +148,8 @@ def simulated_gpus(backend, *, device_dir="/dev"):
     """A simulated node's GPUs in nvml_gpus()'s shape, their minor numbers their indexes
     (as on the real H200: GPU 0 is minor 0), beside this machine's real Slurm (tests)."""
     return [{"index": gpu["index"], "uuid": gpu["uuid"], "minor": gpu["index"],
-             "device": f"{device_dir}/nvidia{gpu['index']}"} for gpu in backend.gpus()]
+             "device": f"{device_dir}/nvidia{gpu['index']}", "mig": False}
+            for gpu in backend.gpus()]
 
 
 def scontrol(*args):
@@ -267,45 +322,81 @@ def device_ranges(minors):
     return "[" + ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) + "]"
 
 
+def node_gpu_line(node_name, gpus, device_dir, gpu_type=None):
+    """`NodeName=<node> Name=gpu [Type=<type>] File=<device_dir>/nvidia[...]` for `gpus`."""
+    type_part = f" Type={gpu_type}" if gpu_type else ""
+    files = os.path.join(device_dir, "nvidia") + device_ranges(gpu["minor"] for gpu in gpus)
+    return f"NodeName={node_name} Name=gpu{type_part} File={files}"
+
+
 def rewrite_gres_conf(text, *, node_name, gpus, device_dir):
-    """gres.conf's text with this node's GPU lines replaced by one from NVML:
+    """gres.conf's text with this node's own GPU lines replaced by one from NVML:
     `NodeName=<node> Name=gpu [Type=<the old line's>] File=<device_dir>/nvidia[...]`.
 
     The node leaves every Name=gpu line whose NodeName= names it (the rest of the list
-    stays, recompressed; a line left with no node goes); a Name=gpu line without NodeName=
-    is taken as this node's (a per-node gres.conf) and goes. The new line takes the place
-    of the first line the node left. Every other line, comment and gres kind stays as it
-    was."""
+    stays, recompressed; a line left with no node goes). A Name=gpu line without NodeName=
+    applies to every node reading the file (a shared gres.conf) and is never changed: the
+    new line names only the devices those lines leave out (none: no new line), and when
+    they name a device this node does not have, ReconfigureFailed says what to change by
+    hand. The new line takes the place of the first line the node left, else it comes
+    last. Every other line, comment and gres kind stays as it was."""
+    lines = text.splitlines(keepends=True)
+    devices = [os.path.normpath(gpu["device"]) for gpu in gpus]
+    shared_files, shared_lines, shared_type = [], [], None
+    for line in lines:
+        fields = gres_conf_fields(line)
+        if is_gpu_line(fields) and fields.get("nodename") is None:
+            shared_files += [os.path.normpath(file) for file in line_files(fields)]
+            shared_lines.append(line.strip())
+            shared_type = shared_type or fields.get("type")
+    foreign = [file for file in dict.fromkeys(shared_files) if file not in devices]
+    if foreign:
+        raise ReconfigureFailed(_shared_lines_message(node_name, gpus, device_dir,
+                                                      shared_lines, foreign, shared_type))
+    own_gpus = [gpu for gpu, device in zip(gpus, devices) if device not in shared_files]
+
     kept = []
     new_line_at = None
     gpu_type = None
-    for line in text.splitlines(keepends=True):
+    for line in lines:
         fields = gres_conf_fields(line)
-        if not is_gpu_line(fields):
+        if not is_gpu_line(fields) or fields.get("nodename") is None:
             kept.append(line)
             continue
-        nodes_value = fields.get("nodename")
-        if nodes_value is not None:
-            nodes = expand_hostlist(nodes_value)
-            if node_name not in nodes:
-                kept.append(line)
-                continue
-            others = [name for name in nodes if name != node_name]
-            if others:
-                kept.append(_with_node_names(line, compress_hostlist(others)))
+        nodes = expand_hostlist(fields["nodename"])
+        if node_name not in nodes:
+            kept.append(line)
+            continue
+        others = [name for name in nodes if name != node_name]
+        if others:
+            kept.append(_with_node_names(line, compress_hostlist(others)))
         if gpu_type is None and fields.get("type"):
             gpu_type = fields["type"]
         if new_line_at is None:
             new_line_at = len(kept)
-    type_part = f" Type={gpu_type}" if gpu_type else ""
-    files = os.path.join(device_dir, "nvidia") + device_ranges(gpu["minor"] for gpu in gpus)
-    new_line = f"NodeName={node_name} Name=gpu{type_part} File={files}\n"
+    if not own_gpus:
+        return "".join(kept)
+    new_line = node_gpu_line(node_name, own_gpus, device_dir, gpu_type or shared_type) + "\n"
     if new_line_at is None:
         if kept and not kept[-1].endswith("\n"):
             kept[-1] += "\n"
         new_line_at = len(kept)
     kept.insert(new_line_at, new_line)
     return "".join(kept)
+
+
+def _shared_lines_message(node_name, gpus, device_dir, shared_lines, foreign, gpu_type):
+    """What to do by hand when a shared Name=gpu line (no NodeName=) would have to change."""
+    lines = "line" if len(shared_lines) == 1 else "lines"
+    quoted = "; ".join(f"`{line}`" for line in shared_lines)
+    return (f"gres.conf's Name=gpu {lines} without NodeName= ({quoted}) name "
+            f"{', '.join(foreign)}, which {node_name} does not have; such a line applies to "
+            f"every node that reads the file (a gres.conf shared by the cluster), so "
+            f"rewriting it would change the other nodes' GPUs at their next slurmd restart. "
+            f"Give {node_name} a line of its own "
+            f"(`{node_gpu_line(node_name, gpus, device_dir, gpu_type)}`) "
+            f"with NodeName= on the shared {lines} for the other nodes, or correct the "
+            f"shared {lines} by hand; nothing was changed")
 
 
 def _with_node_names(line, names):
@@ -388,10 +479,14 @@ def gpus_text(count):
 
 @dataclass
 class Comparison:
-    match: bool
+    """match: True, False, or None when nothing was compared (`not_compared` says why:
+    a GPU in MIG mode)."""
+
+    match: bool | None
     problems: list
     nvml: list
     slurm: dict
+    not_compared: str | None = None
 
     def compares_files(self):
         return self.slurm.get("autodetect") != "nvml"
@@ -407,8 +502,9 @@ class Comparison:
         return self.problems[0] if self.problems else "no difference"
 
     def to_detail(self):
-        """{"problems", "nvml", "slurm"} for an event: strings cut to the protocol's limit,
-        the lists shortened (and "truncated": true) to stay under 16 KiB of JSON."""
+        """{"problems", "nvml", "slurm"} for an event (and "not_compared" when nothing was
+        compared): strings cut to the protocol's limit, the lists shortened (and
+        "truncated": true) to stay under 16 KiB of JSON."""
         problems = [truncated(p, MESSAGE_LIMIT) for p in self.problems]
         nvml = list(self.nvml)
         files = list(self.slurm.get("files", []))
@@ -418,6 +514,8 @@ class Comparison:
         while True:
             detail = {"problems": problems, "nvml": nvml,
                       "slurm": {**slurm, "files": [truncated(f, MESSAGE_LIMIT) for f in files]}}
+            if self.not_compared is not None:
+                detail["not_compared"] = truncated(self.not_compared, MESSAGE_LIMIT)
             if cut:
                 detail["truncated"] = True
             longest = max((problems, nvml, files), key=len)
@@ -459,6 +557,11 @@ def compare(gpus, view):
 # --- the watcher -----------------------------------------------------------------------------
 
 
+# GresWatcher's gres_drift before its first comparison: the server may hold one open from
+# before the agent restarted.
+UNKNOWN = "unknown"
+
+
 class GresWatcher(PollingWatcher):
     thread_name = "gres"
 
@@ -469,12 +572,16 @@ class GresWatcher(PollingWatcher):
         self.read_gpus = read_gpus
         self.gres_conf = gres_conf
         self._lock = threading.Lock()
-        self._open_problems = None  # the problems of the open gres_drift, if any
+        # The problems of the open gres_drift; None when none is open; UNKNOWN at start.
+        self._open_problems = UNKNOWN
         self._status = None
         self._failing = False
+        self._mig_logged = False
 
     def status(self):
-        """{"match", "nvml_gpus", "slurm_gpus", "checked_at"}, or None before a check."""
+        """{"match", "nvml_gpus", "slurm_gpus", "checked_at", "not_compared"}, or None
+        before a check. While a GPU is in MIG mode: match and slurm_gpus None, and
+        not_compared says why (None otherwise)."""
         return None if self._status is None else dict(self._status)
 
     def check_once(self):
@@ -490,8 +597,9 @@ class GresWatcher(PollingWatcher):
         return events
 
     def check_now(self):
-        """One comparison now: the Comparison; its event, if any, goes out with the next
-        poll. Raises host.SlurmError when scontrol fails."""
+        """One comparison now: the Comparison (match None when a GPU is in MIG mode); its
+        event, if any, goes out with the next poll. Raises host.SlurmError when scontrol
+        fails."""
         comparison, events = self._compare()
         for event in events:
             self._events.put(event)
@@ -500,24 +608,44 @@ class GresWatcher(PollingWatcher):
     def _compare(self):
         with self._lock:
             gpus = self.read_gpus()
-            comparison = compare(gpus, slurm_view(self.node_name, gres_conf=self.gres_conf))
+            why = mig_problem(gpus)
+            if why is not None:
+                comparison = Comparison(match=None, problems=[], nvml=list(gpus), slurm={},
+                                        not_compared=why)
+                if not self._mig_logged:
+                    self._mig_logged = True
+                    log.warning("Slurm's GPUs on %s are not compared: %s", self.node_name, why)
+            else:
+                self._mig_logged = False
+                comparison = compare(gpus, slurm_view(self.node_name, gres_conf=self.gres_conf))
             self._status = {
                 "match": comparison.match,
                 "nvml_gpus": len(gpus),
-                "slurm_gpus": comparison.slurm["gres_gpus"],
+                "slurm_gpus": comparison.slurm.get("gres_gpus"),
                 "checked_at": time.time(),
+                "not_compared": comparison.not_compared,
             }
             return comparison, self._edges(comparison)
 
     def _edges(self, comparison):
-        if comparison.match:
+        """gres_drift's edges: active when the problems appear or change, `cleared` when
+        they are gone or nothing can be compared (MIG), and at the first check whose
+        comparison matches (or is not made) since the agent started."""
+        if comparison.match is not False:
             if self._open_problems is None:
                 return []
+            if comparison.match is None:
+                message = (f"Slurm's view of {self.node_name}'s GPUs is not compared: "
+                           f"{comparison.not_compared}")
+            elif self._open_problems is UNKNOWN:
+                message = (f"Slurm's view of {self.node_name}'s GPUs matches the hardware "
+                           f"(the first comparison since the agent started)")
+            else:
+                message = f"Slurm's view of {self.node_name}'s GPUs matches the hardware again"
             self._open_problems = None
             return [event_frame(
                 signature="gres_drift", severity="info", state="cleared",
-                message=f"Slurm's view of {self.node_name}'s GPUs matches the hardware again",
-                detail=comparison.to_detail())]
+                message=truncated(message, MESSAGE_LIMIT), detail=comparison.to_detail())]
         if comparison.problems == self._open_problems:
             return []
         self._open_problems = list(comparison.problems)
@@ -533,15 +661,25 @@ class GresWatcher(PollingWatcher):
 
 def reconfigure(*, node_name, gpus, gres_conf, device_dir, restart_slurmd):
     """Make Slurm's view of this node's GPUs (`gpus`, as nvml_gpus() gives them) match the
-    hardware: rewrite gres.conf's GPU lines
-    for the node (not on AutoDetect=nvml), restart slurmd (`restart_slurmd()` -> (ok,
-    message)), have the controller take the count, resume Slurm's own low-GPU-count drain,
-    and compare again for up to VERIFY_WAIT_S. Returns {"before", "after", "gres_conf",
-    "gres", "message"}; raises ReconfigureFailed."""
+    hardware: rewrite gres.conf's GPU lines for the node (not on AutoDetect=nvml; never a
+    shared line without NodeName=), have the controller take the count, restart slurmd
+    (`restart_slurmd()` -> (ok, message)), resume Slurm's own low-GPU-count drain, and
+    compare again for up to VERIFY_WAIT_S. Returns {"before", "after", "gres_conf",
+    "gres", "message"}; raises ReconfigureFailed.
+
+    Refused, with nothing changed: no GPU; a GPU in MIG mode; missing device files; a
+    shared gres.conf line that would have to change; configless Slurm where gres.conf
+    would have to change; a count slurmctld refuses. Every refusal comes before the
+    first change."""
     path = gres_conf or default_gres_conf_path()
     if not gpus:
         raise ReconfigureFailed(f"NVML sees no GPU on {node_name}: there is nothing to give "
                                 f"Slurm")
+    mig = mig_problem(gpus)
+    if mig is not None:
+        raise ReconfigureFailed(
+            f"{mig}; this repair does not configure MIG: describe the MIG devices in "
+            f"gres.conf by hand (or AutoDetect=nvml), then restart slurmd")
     view = _view_or_fail(node_name, path)
     before = compare(gpus, view)
     new_gres = gres_with_gpu_count(view["gres"], len(gpus))
@@ -553,6 +691,34 @@ def reconfigure(*, node_name, gpus, gres_conf, device_dir, restart_slurmd):
         raise ReconfigureFailed(
             f"the device files {', '.join(missing)} are missing: the driver has not made "
             f"them (nvidia-modprobe -c <minor>, or a reboot); gres.conf cannot fix that")
+
+    # Everything that can refuse comes first: a refusal leaves the node as it was.
+    devices = {os.path.normpath(gpu["device"]) for gpu in gpus}
+    rewrite = view["autodetect"] != "nvml" and set(view["files"]) != devices
+    old_text = new_text = None
+    if rewrite:
+        configless = configless_reason(path)
+        if configless is not None:
+            raise ReconfigureFailed(
+                f"Slurm runs configless here ({configless}): {node_name} reads gres.conf "
+                f"from slurmctld, there is no local gres.conf to edit. Correct {node_name}'s "
+                f"GPU line in the controller's gres.conf "
+                f"(`{node_gpu_line(node_name, gpus, device_dir)}`), then `scontrol "
+                f"reconfigure`; nothing was changed")
+        try:
+            with open(path) as f:
+                old_text = f.read()
+        except FileNotFoundError:
+            old_text = ""
+        except OSError as exc:
+            raise ReconfigureFailed(f"cannot read {path}: {exc}") from exc
+        try:
+            new_text = rewrite_gres_conf(old_text, node_name=node_name, gpus=gpus,
+                                         device_dir=device_dir)
+        except host.SlurmError as exc:
+            raise ReconfigureFailed(f"cannot rewrite {path}: {exc}") from exc
+        except ReconfigureFailed as exc:
+            raise ReconfigureFailed(f"{path}: {exc}") from exc
 
     done = []
     if view["gres_gpus"] != len(gpus):
@@ -567,28 +733,14 @@ def reconfigure(*, node_name, gpus, gres_conf, device_dir, restart_slurmd):
                 f"line there (controller and nodes), then restart slurmctld") from exc
         done.append(f"the controller's Gres set to {new_gres}")
 
-    devices = {os.path.normpath(gpu["device"]) for gpu in gpus}
     if view["autodetect"] == "nvml":
         done.append("gres.conf left alone (AutoDetect=nvml)")
-    elif set(view["files"]) != devices:
+    elif rewrite and new_text != old_text:
         try:
-            with open(path) as f:
-                old_text = f.read()
-        except FileNotFoundError:
-            old_text = ""
+            write_gres_conf(path, new_text)
         except OSError as exc:
-            raise ReconfigureFailed(f"cannot read {path}: {exc}") from exc
-        try:
-            new_text = rewrite_gres_conf(old_text, node_name=node_name, gpus=gpus,
-                                         device_dir=device_dir)
-        except host.SlurmError as exc:
-            raise ReconfigureFailed(f"cannot rewrite {path}: {exc}") from exc
-        if new_text != old_text:
-            try:
-                write_gres_conf(path, new_text)
-            except OSError as exc:
-                raise ReconfigureFailed(f"cannot write {path}: {exc}") from exc
-            done.append(f"gres.conf rewritten for {gpus_text(len(gpus))}")
+            raise ReconfigureFailed(f"cannot write {path}: {exc}") from exc
+        done.append(f"gres.conf rewritten for {gpus_text(len(gpus))}")
 
     ok, message = restart_slurmd()
     if not ok:
@@ -608,6 +760,39 @@ def reconfigure(*, node_name, gpus, gres_conf, device_dir, restart_slurmd):
         "gres": new_gres,
         "message": f"{'; '.join(done)}: Slurm's view of {node_name}'s GPUs matches the hardware",
     }
+
+
+def parse_show_config(text):
+    """{key: value} of `scontrol show config` ("SlurmctldParameters     = (null)")."""
+    config = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip():
+            config.setdefault(key.strip(), value.strip())
+    return config
+
+
+def configless_reason(path):
+    """Why gres.conf cannot be edited on this node because Slurm runs configless, or None:
+    SlurmctldParameters has enable_configless, or the node reads its configuration from
+    slurmctld (gres.conf or scontrol's SLURM_CONF in slurmd's conf-cache, or no slurm.conf
+    beside gres.conf while /run/slurm/conf exists). Raises ReconfigureFailed when scontrol
+    cannot say."""
+    try:
+        config = parse_show_config(scontrol("show", "config"))
+    except host.SlurmError as exc:
+        raise ReconfigureFailed(f"cannot tell whether Slurm runs configless: {exc}") from exc
+    parameters = [p.strip().lower() for p in config.get("SlurmctldParameters", "").split(",")]
+    if "enable_configless" in parameters:
+        return "SlurmctldParameters=enable_configless"
+    for where in (path, config.get("SLURM_CONF")):
+        if where and CONF_CACHE_FOLDER in os.path.realpath(where).split(os.sep):
+            return f"{where} is slurmd's copy of slurmctld's configuration"
+    beside = os.path.join(os.path.dirname(path), "slurm.conf")
+    if not os.path.exists(beside) and os.path.isdir(RUN_SLURM_CONF):
+        return (f"no {beside}, and slurmd keeps slurmctld's configuration in "
+                f"{RUN_SLURM_CONF}")
+    return None
 
 
 def _view_or_fail(node_name, path):

@@ -98,7 +98,8 @@ class SimulatedHygiene:
                     "pid_max": PID_MAX, "checked_at": checked_at}
         gpus = len(self._backend.gpus())
         return {"match": not self._gres_drift, "nvml_gpus": gpus,
-                "slurm_gpus": gpus - 1 if self._gres_drift else gpus, "checked_at": checked_at}
+                "slurm_gpus": gpus - 1 if self._gres_drift else gpus, "checked_at": checked_at,
+                "not_compared": None}
 
     # The commands' side
 

@@ -8,11 +8,20 @@ How slurmd is watched (`watched_by`):
   systemd's ActiveState says whether slurmd runs, MainPID which process it is,
   ExecMainStartTimestampMonotonic since when, and NRestarts counts the restarts systemd's
   own Restart= made (counted here like ours). A restart is `systemctl restart <unit>`.
+  Only a unit that failed is restarted: ActiveState=failed, or inactive with a Result
+  other than success. A unit stopped on purpose (`systemctl stop` for maintenance or an
+  upgrade: inactive, Result=success) is left stopped: the status says "stopped" and
+  slurmd_down opens once ("stopped on purpose (systemctl stop): not restarted"), cleared
+  when the unit runs again.
 - "process" elsewhere: the pid in slurmd's pid file (`scontrol show config`'s
   SlurmdPidFile, %n replaced by the node name; /run/slurmd.pid while scontrol cannot
   answer). slurmd runs when /proc/<pid> exists, its comm is slurmd and it is not a zombie
   (a daemon's parent may never reap it). A restart is `slurmd -N <node>`, which
-  daemonizes and writes its pid file.
+  daemonizes and writes its pid file. /proc and the pid file are read as bytes, what is
+  not UTF-8 replaced; a /proc that cannot be read skips the check (logged once), it
+  never restarts a slurmd that may be running. Before a signal to a slurmd (restart_now)
+  the pid is checked again to be that slurmd (its start time), through a pidfd where
+  the kernel has them, so a pid reused since it was read is never signalled.
 
 Events (no GPU):
 
@@ -23,12 +32,21 @@ Events (no GPU):
     slurmd_flapping   warning  `flap_count` restarts within `flap_window_s`; `cleared` once
                                slurmd has run for a whole window without a restart
 
+At start the watcher does not know what the server holds open (an agent restart forgets
+it), so both are taken as possibly open: the first check that finds slurmd running sends
+slurmd_down's `cleared`, and slurmd_flapping's `cleared` goes once slurmd has run a whole
+window without a restart (at once when it has been up that long). The server ignores a
+`cleared` with nothing open.
+
 restart_now() restarts a live slurmd on request (after gres.conf changed): not a flap.
 The restart command runs without a shell, in its own session, with its output in a
-temporary file: a daemonizing child that kept an inherited pipe would hang the agent."""
+temporary file (a daemonizing child that kept an inherited pipe would hang the agent),
+and with the agent's environment less every CLUSTERUI_* variable: a slurmd the agent
+starts must not inherit the agent's token (CLUSTERUI_AGENT_TOKEN) or other settings."""
 
 import logging
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -56,9 +74,11 @@ FALLBACK_PID_FILE = "/run/slurmd.pid"
 PID1_COMM_PATH = "/proc/1/comm"
 PROC = "/proc"
 SYSTEMD_PROPERTIES = (
-    "LoadState", "ActiveState", "SubState", "MainPID", "ExecMainStartTimestampMonotonic",
-    "NRestarts",
+    "LoadState", "ActiveState", "SubState", "Result", "MainPID",
+    "ExecMainStartTimestampMonotonic", "NRestarts",
 )
+STOPPED_ON_PURPOSE = "stopped on purpose (systemctl stop): not restarted"
+AGENT_ENV_PREFIX = "CLUSTERUI_"  # the agent's own settings, its token among them
 
 
 class WatchError(Exception):
@@ -75,43 +95,90 @@ class Observation:
     started_at: float | None = None
     changing: bool = False  # systemd is starting or stopping it: wait
     systemd_restarts: int | None = None  # NRestarts
+    stopped_on_purpose: bool = False  # systemd: inactive with Result=success
 
 
 # --- reading the process and systemd ------------------------------------------------------
 
 
+def read_text(path):
+    """A small file's text, read as bytes with what is not UTF-8 replaced: a comm or a pid
+    file holds whatever bytes were written there. Raises OSError."""
+    with open(path, "rb") as f:
+        return f.read().decode(errors="replace")
+
+
 def read_pid_file(path):
+    """The pid in a pid file, or None when it cannot be read or holds no pid."""
     try:
-        with open(path) as f:
-            text = f.read().strip()
+        text = read_text(path).strip()
     except OSError:
         return None
-    return int(text) if text.isdigit() else None
+    return int(text) if re.fullmatch(r"[0-9]{1,10}", text) else None
 
 
 def boot_time():
-    """The unix time the machine booted (/proc/stat btime)."""
-    with open(f"{PROC}/stat") as f:
-        for line in f:
-            if line.startswith("btime "):
+    """The unix time the machine booted (/proc/stat btime). Raises OSError."""
+    for line in read_text(f"{PROC}/stat").splitlines():
+        if line.startswith("btime "):
+            try:
                 return float(line.split()[1])
-    raise OSError(f"{PROC}/stat has no btime line")
+            except (IndexError, ValueError):
+                break
+    raise OSError(f"{PROC}/stat has no readable btime line")
 
 
 def live_slurmd_started_at(pid):
-    """The unix time `pid` started if it is a live slurmd, else None."""
+    """The unix time `pid` started if it is a live slurmd, else None. Raises OSError when
+    /proc/stat (the boot time) cannot be read: the caller cannot tell then."""
     try:
-        with open(f"{PROC}/{pid}/stat") as f:
-            stat = f.read()
+        stat = read_text(f"{PROC}/{pid}/stat")
     except OSError:
         return None
     # "4242 (slurmd) S 1 ...": the comm may hold spaces or ")", so cut at the last ")".
     comm = stat[stat.find("(") + 1 : stat.rfind(")")]
     fields = stat[stat.rfind(")") + 2 :].split()
-    state, start_ticks = fields[0], int(fields[19])  # fields 3 and 22 of proc(5)
+    try:
+        state, start_ticks = fields[0], int(fields[19])  # fields 3 and 22 of proc(5)
+    except (IndexError, ValueError):
+        return None
     if comm != "slurmd" or state in ("Z", "X"):
         return None
     return boot_time() + start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def signal_slurmd(pid, started_at, sig):
+    """Send `sig` to `pid` only while it is still the slurmd that started at `started_at`
+    (live_slurmd_started_at's value when the pid was read): True when sent, False when
+    that slurmd is gone (the pid dead, a zombie, or reused by another process).
+
+    Where the kernel has pidfds the pid is pinned first (os.pidfd_open), then checked,
+    then signalled through the pidfd: the check and the signal are about one process
+    even if the pid is reused in between. Elsewhere the check is made right before
+    os.kill."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except (AttributeError, OSError):  # no pidfd_open (Python, kernel before 5.3)
+        pidfd = None
+    try:
+        try:
+            if live_slurmd_started_at(pid) != started_at:
+                return False
+        except OSError:  # /proc/stat unreadable: cannot tell, so do not signal
+            return False
+        try:
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, sig)
+            else:
+                os.kill(pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 def parse_systemctl_show(text):
@@ -146,15 +213,23 @@ def format_duration(seconds):
     return f"{seconds // 86400} d {seconds % 86400 // 3600} h"
 
 
+def restart_environment():
+    """The agent's environment less every CLUSTERUI_* variable, for the restart command:
+    a slurmd the agent starts keeps running long after, with whatever it inherited."""
+    return {key: value for key, value in os.environ.items()
+            if not key.startswith(AGENT_ENV_PREFIX)}
+
+
 def run_restart_command(argv):
-    """Run a restart command: (exit status or None when it could not run or finish, why
-    it failed or "", the end of its output)."""
+    """Run a restart command (with restart_environment()): (exit status or None when it
+    could not run or finish, why it failed or "", the end of its output)."""
     command = shlex.join(argv)
     with tempfile.TemporaryFile() as output:
         try:
             result = subprocess.run(
                 argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
                 start_new_session=True, timeout=RESTART_COMMAND_TIMEOUT_S,
+                env=restart_environment(),
             )
             status = result.returncode
             why = "" if status == 0 else f"{command} exited with status {status}"
@@ -198,8 +273,10 @@ class SlurmdWatcher(PollingWatcher):
         self._restart_times = []  # this agent run's restarts within the flap window
         self._restarts = 0
         self._last_restart_at = None
-        self._down_open = False
-        self._flapping_open = False
+        # True open, False closed, None unknown (at start: the server may hold either
+        # open from before an agent restart).
+        self._down_open = None
+        self._flapping_open = None
         self._retry_at = None  # no restart before this time after a failed one
         self._retry_delay_s = RETRY_FIRST_S
         self._read_failing = False
@@ -251,6 +328,8 @@ class SlurmdWatcher(PollingWatcher):
         previous_since = self._since if self._pid is not None else None
         self._pid = self._since = None
         self._set_status("stopped")
+        if seen.stopped_on_purpose:
+            return self._down(STOPPED_ON_PURPOSE, "")
         if not self.restart:
             return self._down("slurmd is not running and restarting it is off", "")
         if self._retry_at is not None and now < self._retry_at:
@@ -312,9 +391,13 @@ class SlurmdWatcher(PollingWatcher):
         return events
 
     def _flapping_cleared(self, now):
-        if not self._flapping_open or self._pid is None:
+        """slurmd_flapping's `cleared` once slurmd has run a whole window without a
+        restart, when it is open or unknown (the first window after the agent started)."""
+        if self._flapping_open is False or self._pid is None:
             return []
-        quiet_since = max(self._last_restart_at, self._since)
+        quiet_since = self._since
+        if self._last_restart_at is not None:
+            quiet_since = max(self._last_restart_at, self._since)
         if now - quiet_since < self.flap_window_s:
             return []
         self._flapping_open = False
@@ -325,14 +408,17 @@ class SlurmdWatcher(PollingWatcher):
             detail={"restarts": 0, "window_s": self.flap_window_s, "restart_times": []})]
 
     def _down_cleared(self):
-        """slurmd runs (self._pid): the end of an open slurmd_down, and of the backoff."""
+        """slurmd runs (self._pid): the end of an open slurmd_down, and of the backoff.
+        Sent too at the first check of the agent's run (unknown: the server may hold one
+        open from before the agent restarted)."""
         self._retry_at, self._retry_delay_s = None, RETRY_FIRST_S
-        if not self._down_open:
+        if self._down_open is False:
             return []
+        again = " again" if self._down_open else ""
         self._down_open = False
         return [event_frame(
             signature="slurmd_down", severity="info", state="cleared",
-            message=f"slurmd on {self.node_name} runs again (pid {self._pid})",
+            message=f"slurmd on {self.node_name} runs{again} (pid {self._pid})",
             detail={"pid": self._pid, "watched_by": self.watched_by})]
 
     def _down(self, why, output):
@@ -361,7 +447,7 @@ class SlurmdWatcher(PollingWatcher):
             previous_pid = seen.pid if seen.alive else None
             self._set_status("restarting")
             if previous_pid is not None and self.watched_by == "process":
-                self._stop_process(previous_pid)
+                self._stop_process(previous_pid, seen.started_at)
             argv = self._restart_argv()
             ok, why, output = self._start(argv, previous_pid)
             if not ok:
@@ -376,18 +462,25 @@ class SlurmdWatcher(PollingWatcher):
             return True, (f"slurmd on {self.node_name} restarted ({reason}): was {was}, "
                           f"now pid {self._pid}")
 
-    def _stop_process(self, pid):
-        """SIGTERM, SIGKILL after STOP_WAIT_S; returns once it is gone (or a zombie)."""
+    def _stop_process(self, pid, started_at):
+        """SIGTERM, SIGKILL after STOP_WAIT_S, to the slurmd `pid` that started at
+        `started_at`, each signal only while the pid is still that slurmd
+        (signal_slurmd); returns once it is gone (or a zombie)."""
         for sig, wait_s in ((signal.SIGTERM, STOP_WAIT_S), (signal.SIGKILL, 5.0)):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
+            if not signal_slurmd(pid, started_at, sig):
                 return
             deadline = time.monotonic() + wait_s
             while time.monotonic() < deadline:
-                if live_slurmd_started_at(pid) is None:
+                if not self._same_slurmd(pid, started_at):
                     return
                 time.sleep(0.1)
+
+    @staticmethod
+    def _same_slurmd(pid, started_at):
+        try:
+            return live_slurmd_started_at(pid) == started_at
+        except OSError:  # /proc/stat unreadable: cannot tell; the next signal checks again
+            return True
 
     # --- starting --------------------------------------------------------------------------
 
@@ -444,8 +537,7 @@ class SlurmdWatcher(PollingWatcher):
 
     def _detect_watched_by(self):
         try:
-            with open(PID1_COMM_PATH) as f:
-                init = f.read().strip()
+            init = read_text(PID1_COMM_PATH).strip()
         except OSError:
             init = ""
         if init == "systemd":
@@ -476,6 +568,9 @@ class SlurmdWatcher(PollingWatcher):
             started_at=started_at,
             changing=active in ("activating", "deactivating"),
             systemd_restarts=int(restarts) if restarts.isdigit() else None,
+            # A failed unit is "failed", or inactive with the failure in Result
+            # (exit-code, signal, timeout...); `systemctl stop` leaves Result=success.
+            stopped_on_purpose=active == "inactive" and properties.get("Result") == "success",
         )
 
     def _systemctl_show(self):
@@ -492,7 +587,10 @@ class SlurmdWatcher(PollingWatcher):
 
     def _observe_process(self):
         pid = read_pid_file(self._pid_file_path())
-        started_at = None if pid is None else live_slurmd_started_at(pid)
+        try:
+            started_at = None if pid is None else live_slurmd_started_at(pid)
+        except OSError as exc:
+            raise WatchError(f"slurmd's start time cannot be read: {exc}") from exc
         return Observation(alive=started_at is not None, pid=pid, started_at=started_at)
 
     def _pid_file_path(self):

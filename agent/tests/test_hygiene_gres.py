@@ -4,9 +4,10 @@ The fake answers as Slurm 22.05's scontrol does here (tests/test_agent_hygiene_s
 runs the same code against real daemons): `show hostnames` one name per line (any
 bracketed list, device paths too), `show hostlist` compressed in the order given
 ("gpu-[004,001-002]"), `show node <name> -o` the line the test sets (or slurmctld's
-"Unable to contact" failure), and `update`, which it records and answers as slurmctld
-does: a Gres count change refused ("Invalid generic resource (gres) specification")
-when the test says so."""
+"Unable to contact" failure), `show config` in Slurm's layout (SlurmctldParameters
+(null) and SLURM_CONF from the environment, or what the test sets), and `update`, which
+it records and answers as slurmctld does: a Gres count change refused ("Invalid generic
+resource (gres) specification") when the test says so."""
 
 import json
 import logging
@@ -119,6 +120,14 @@ elif args[:2] == ["show", "node"]:
               file=sys.stderr)
         sys.exit(1)
     print(open(path("node_line")).read().strip())
+elif args[:2] == ["show", "config"]:
+    if os.path.exists(path("config")):
+        print(open(path("config")).read().strip())
+    else:
+        print("Configuration data as of 2026-11-29T14:02:11")
+        print("SlurmctldParameters     = (null)")
+        print("SLURM_CONF              = " + os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
+        print("SlurmdPidFile           = /run/slurmd.pid")
 elif args[0] == "update":
     if any(a.startswith("Gres=") for a in args):
         if os.path.exists(path("refuse_gres")):
@@ -165,6 +174,12 @@ class FakeScontrol:
     def refuse_gres(self):
         (self.folder / "refuse_gres").write_text("")
 
+    def config(self, **values):
+        """`scontrol show config`'s answer from now on: these keys, in Slurm's layout."""
+        (self.folder / "config").write_text(
+            "Configuration data as of 2026-11-29T14:02:11\n"
+            + "".join(f"{key:<24}= {value}\n" for key, value in values.items()))
+
     def calls(self):
         path = self.folder / "calls"
         return path.read_text().splitlines() if path.exists() else []
@@ -194,7 +209,10 @@ def dev(tmp_path):
 def gres_conf(tmp_path, monkeypatch):
     etc = tmp_path / "etc"
     etc.mkdir()
+    (etc / "slurm.conf").write_text("ClusterName=test\n")
     monkeypatch.setenv("SLURM_CONF", str(etc / "slurm.conf"))
+    # Whatever this machine has in /run/slurm, these tests say what configless slurmd left.
+    monkeypatch.setattr(gres_module, "RUN_SLURM_CONF", str(tmp_path / "run-slurm-conf"))
     return etc / "gres.conf"
 
 
@@ -246,8 +264,30 @@ def test_nvml_gpus_name_each_gpus_device_file():
 
     assert [g["index"] for g in gpus] == list(range(8))
     assert [g["device"] for g in gpus] == [f"/dev/nvidia{m}" for m in range(8)]
-    assert gpus[0] == {"index": 0, "uuid": nvml.uuid(0), "minor": 0, "device": "/dev/nvidia0"}
+    assert gpus[0] == {"index": 0, "uuid": nvml.uuid(0), "minor": 0, "device": "/dev/nvidia0",
+                       "mig": False}
     assert len({g["uuid"] for g in gpus}) == 8
+
+
+def test_nvml_gpus_mark_the_gpus_in_mig_mode():
+    nvml = FakeNvml(gpu_count=4)
+    # nvmlDeviceGetMigMode -> [current, pending]: GPU 1 has MIG on; GPU 2 gets it at its
+    # next reset (pending only); GPU 3 cannot do MIG.
+
+    def mig_mode(handle):
+        if handle.index == 3:
+            raise nvml.NVMLError_NotSupported()
+        return {0: [0, 0], 1: [1, 1], 2: [0, 1]}[handle.index]
+
+    nvml.nvmlDeviceGetMigMode = mig_mode
+
+    assert [g["mig"] for g in nvml_gpus(nvml)] == [False, True, False, False]
+
+    def too_old(handle):
+        raise nvml.NVMLError_FunctionNotFound()
+
+    nvml.nvmlDeviceGetMigMode = too_old
+    assert [g["mig"] for g in nvml_gpus(nvml)] == [False] * 4
 
 
 # --- Slurm's view ----------------------------------------------------------------------------
@@ -398,18 +438,39 @@ NodeName=gpu-006 AutoDetect=nvml
     assert "show hostlist gpu-002,gpu-003,gpu-004" in scontrol.calls()
 
 
-def test_a_per_node_file_without_nodename_becomes_one_line(scontrol):
-    text = ("AutoDetect=off\n"
-            "Name=gpu Type=h200 File=/dev/nvidia[0-3] Cores=0-47\n"
-            "Name=gpu Type=h200 File=/dev/nvidia[4-5] Cores=48-95\n"
-            "Name=mps Count=200 File=/dev/nvidia0\n")
+SHARED_LINES = ("AutoDetect=off\n"
+                "Name=gpu Type=h200 File=/dev/nvidia[0-3] Cores=0-47\n"
+                "Name=gpu Type=h200 File=/dev/nvidia[4-5] Cores=48-95\n"
+                "Name=mps Count=200 File=/dev/nvidia0\n")
 
-    new = rewrite_gres_conf(text, node_name="gpu-001", gpus=gpus_of("/dev", [0, 1, 2, 3, 5, 6, 7]),
+
+def test_lines_without_nodename_are_kept_and_the_node_gets_only_the_rest(scontrol):
+    # They apply to every node that reads the file (shared by NFS or a symlink): never
+    # changed; the node's own line names the devices they leave out.
+    text = SHARED_LINES + "NodeName=gpu-001 Name=gpu File=/dev/nvidia9\n"
+
+    new = rewrite_gres_conf(text, node_name="gpu-001", gpus=gpus_of("/dev", range(8)),
                             device_dir="/dev")
 
-    assert new == ("AutoDetect=off\n"
-                   "NodeName=gpu-001 Name=gpu Type=h200 File=/dev/nvidia[0-3,5-7]\n"
-                   "Name=mps Count=200 File=/dev/nvidia0\n")
+    assert new == SHARED_LINES + "NodeName=gpu-001 Name=gpu Type=h200 File=/dev/nvidia[6-7]\n"
+    assert rewrite_gres_conf(SHARED_LINES, node_name="gpu-001", gpus=gpus_of("/dev", range(6)),
+                             device_dir="/dev") == SHARED_LINES
+
+
+def test_a_line_without_nodename_naming_a_gpu_the_node_lacks_is_refused(scontrol):
+    with pytest.raises(ReconfigureFailed) as failed:
+        rewrite_gres_conf(SHARED_LINES, node_name="gpu-001",
+                          gpus=gpus_of("/dev", [0, 1, 2, 3, 5, 6, 7]), device_dir="/dev")
+
+    assert str(failed.value) == (
+        "gres.conf's Name=gpu lines without NodeName= (`Name=gpu Type=h200 "
+        "File=/dev/nvidia[0-3] Cores=0-47`; `Name=gpu Type=h200 File=/dev/nvidia[4-5] "
+        "Cores=48-95`) name /dev/nvidia4, which gpu-001 does not have; such a line applies "
+        "to every node that reads the file (a gres.conf shared by the cluster), so "
+        "rewriting it would change the other nodes' GPUs at their next slurmd restart. "
+        "Give gpu-001 a line of its own (`NodeName=gpu-001 Name=gpu Type=h200 "
+        "File=/dev/nvidia[0-3,5-7]`) with NodeName= on the shared lines for the other "
+        "nodes, or correct the shared lines by hand; nothing was changed")
 
 
 def test_a_quoted_or_lowercase_nodename_and_a_node_without_a_gpu_line(scontrol):
@@ -488,8 +549,96 @@ def test_drift_opens_is_resent_only_when_it_changes_and_clears(scontrol, gres_co
     [cleared] = watcher.check_once()
     assert (cleared["signature"], cleared["state"], cleared["severity"]) == (
         "gres_drift", "cleared", "info")
+    assert cleared["message"] == "Slurm's view of gpu-001's GPUs matches the hardware again"
     assert watcher.check_once() == []
-    assert watcher.status()["match"] is True
+    assert watcher.status()["match"] is True and watcher.status()["not_compared"] is None
+
+
+def test_after_an_agent_restart_the_first_matching_comparison_clears(scontrol, gres_conf, dev):
+    # The server may hold a gres_drift open from the agent's last run.
+    scontrol.show(gres="gpu:8")
+    gres_conf.write_text(f"NodeName=gpu-001 Name=gpu File={dev}/nvidia[0-7]\n")
+    watcher = GresWatcher(node_name="gpu-001", read_gpus=lambda: eight_gpus(dev))
+
+    [cleared] = watcher.check_once()
+
+    assert (cleared["signature"], cleared["state"], cleared["severity"]) == (
+        "gres_drift", "cleared", "info")
+    assert cleared["message"] == ("Slurm's view of gpu-001's GPUs matches the hardware (the "
+                                  "first comparison since the agent started)")
+    assert cleared["detail"]["problems"] == []
+    assert watcher.check_once() == [] and watcher.check_now().match is True
+    assert watcher.poll([]) == []
+
+
+def test_check_now_at_start_clears_too(scontrol, gres_conf, dev):
+    scontrol.show(gres="gpu:8")
+    gres_conf.write_text(f"Name=gpu File={dev}/nvidia[0-7]\n")
+    watcher = GresWatcher(node_name="gpu-001", read_gpus=lambda: eight_gpus(dev))
+
+    assert watcher.check_now().match is True
+
+    assert [(e["signature"], e["state"]) for e in watcher.poll([])] == [
+        ("gres_drift", "cleared")]
+    assert watcher.check_once() == []
+
+
+def mig_gpus(dev, mig_on):
+    """eight_gpus() with MIG on (nvmlDeviceGetMigMode current mode 1) for those indexes."""
+    nvml = FakeNvml(gpu_count=8)
+    nvml.nvmlDeviceGetMigMode = lambda handle: [int(handle.index in mig_on)] * 2
+    return nvml_gpus(nvml, device_dir=str(dev))
+
+
+def test_with_a_gpu_in_mig_mode_nothing_is_compared_and_an_open_drift_clears(
+        scontrol, gres_conf, dev, caplog):
+    caplog.set_level(logging.WARNING)
+    # Slurm counts the MIG slices: 7 per GPU, File= on /dev/nvidia-caps.
+    scontrol.show(gres="gpu:8")
+    gres_conf.write_text(f"NodeName=gpu-001 Name=gpu File={dev}/nvidia[0-6]\n")
+    mig_on = set()
+    watcher = GresWatcher(node_name="gpu-001", read_gpus=lambda: mig_gpus(dev, mig_on))
+    [drift] = watcher.check_once()
+    assert drift["state"] == "active"
+
+    mig_on.update(range(8))
+    scontrol.show(gres="gpu:1g.18gb:56(S:0-1)")
+    gres_conf.write_text("NodeName=gpu-001 AutoDetect=nvml\n")
+    calls = len(scontrol.calls())
+    [cleared] = watcher.check_once()
+
+    assert (cleared["signature"], cleared["state"]) == ("gres_drift", "cleared")
+    assert cleared["message"] == (
+        "Slurm's view of gpu-001's GPUs is not compared: MIG mode is on for GPUs 0, 1, 2, 3, "
+        "4, 5, 6, 7: Slurm counts MIG slices as gpu and names /dev/nvidia-caps devices, so "
+        "its GPUs cannot be compared with NVML's 8 GPUs")
+    assert cleared["detail"]["not_compared"] == cleared["message"].split(": ", 1)[1]
+    status = watcher.status()
+    assert {k: status[k] for k in ("match", "nvml_gpus", "slurm_gpus", "not_compared")} == {
+        "match": None, "nvml_gpus": 8, "slurm_gpus": None,
+        "not_compared": cleared["detail"]["not_compared"]}
+    assert json.loads(json.dumps(status)) == status
+    assert watcher.check_once() == [] and watcher.check_now().match is None
+    assert len(scontrol.calls()) == calls  # Slurm not even asked
+    [record] = caplog.records
+    assert "not compared: MIG mode is on for GPUs 0, 1" in record.getMessage()
+
+    # MIG off again: compared as before.
+    mig_on.clear()
+    scontrol.show(gres="gpu:8")
+    gres_conf.write_text(f"NodeName=gpu-001 Name=gpu File={dev}/nvidia[0-6]\n")
+    [again] = watcher.check_once()
+    assert again["state"] == "active" and watcher.status()["match"] is False
+
+
+def test_a_mig_node_at_start_clears_once(scontrol, gres_conf, dev):
+    watcher = GresWatcher(node_name="gpu-001", read_gpus=lambda: mig_gpus(dev, {2}))
+
+    [cleared] = watcher.check_once()
+
+    assert cleared["state"] == "cleared"
+    assert "MIG mode is on for GPU 2:" in cleared["message"]
+    assert watcher.check_once() == []
 
 
 def test_a_failing_scontrol_changes_nothing_and_is_logged_once(scontrol, gres_conf, dev, caplog):
@@ -660,3 +809,94 @@ def test_a_matching_node_is_left_alone_and_missing_device_files_are_refused(scon
                     device_dir=str(dev), restart_slurmd=restart)
     assert str(failed.value).startswith(f"the device files {dev}/nvidia5 are missing")
     assert restart.calls == 0
+
+
+def test_reconfigure_refuses_a_mig_node(scontrol, gres_conf, dev):
+    gres_conf.write_text("AutoDetect=nvml\n")
+    scontrol.show(gres="gpu:1g.18gb:56(S:0-1)")
+    restart = FakeRestart(scontrol)
+
+    with pytest.raises(ReconfigureFailed) as failed:
+        reconfigure(node_name="gpu-001", gpus=mig_gpus(dev, {0, 1}), gres_conf=None,
+                    device_dir=str(dev), restart_slurmd=restart)
+
+    assert str(failed.value) == (
+        "MIG mode is on for GPUs 0, 1: Slurm counts MIG slices as gpu and names "
+        "/dev/nvidia-caps devices, so its GPUs cannot be compared with NVML's 8 GPUs; this "
+        "repair does not configure MIG: describe the MIG devices in gres.conf by hand (or "
+        "AutoDetect=nvml), then restart slurmd")
+    assert scontrol.calls() == [] and restart.calls == 0
+
+
+def test_a_shared_line_that_would_have_to_change_is_refused_before_anything_changes(
+        scontrol, gres_conf, dev):
+    # One gres.conf for the cluster; this node lost GPU 7 (NVML sees 7), and Slurm's count
+    # differs too: neither the controller's count nor the shared line is touched.
+    text = f"AutoDetect=off\nName=gpu File={dev}/nvidia[0-7]\n"
+    gres_conf.write_text(text)
+    scontrol.show(gres="gpu:8")
+    restart = FakeRestart(scontrol)
+
+    with pytest.raises(ReconfigureFailed) as failed:
+        reconfigure(node_name="gpu-001", gpus=gpus_of(dev, range(7)), gres_conf=None,
+                    device_dir=str(dev), restart_slurmd=restart)
+
+    message = str(failed.value)
+    assert message.startswith(
+        f"{gres_conf}: gres.conf's Name=gpu line without NodeName= (`Name=gpu "
+        f"File={dev}/nvidia[0-7]`) name {dev}/nvidia7, which gpu-001 does not have; such a "
+        "line applies to every node that reads the file")
+    assert f"(`NodeName=gpu-001 Name=gpu File={dev}/nvidia[0-6]`)" in message
+    assert message.endswith("nothing was changed")
+    assert gres_conf.read_text() == text
+    assert not (gres_conf.parent / "gres.conf.clusterui-backup").exists()
+    assert scontrol.updates() == [] and restart.calls == 0
+
+
+def test_a_shared_line_is_kept_and_the_node_gets_the_gpus_it_leaves_out(scontrol, gres_conf,
+                                                                        dev):
+    gres_conf.write_text(f"AutoDetect=off\nName=gpu File={dev}/nvidia[0-6]\n")
+    scontrol.show(gres="gpu:8", state="IDLE+DRAIN+INVALID_REG", reason=LOW_COUNT)
+    scontrol.after("resume", gres="gpu:8", state="IDLE")
+    restart = FakeRestart(scontrol, gres="gpu:8", state="IDLE+DRAIN", reason=LOW_COUNT)
+
+    result = reconfigure(node_name="gpu-001", gpus=eight_gpus(dev), gres_conf=None,
+                         device_dir=str(dev), restart_slurmd=restart)
+
+    assert gres_conf.read_text() == (f"AutoDetect=off\nName=gpu File={dev}/nvidia[0-6]\n"
+                                     f"NodeName=gpu-001 Name=gpu File={dev}/nvidia7\n")
+    assert result["message"].startswith("gres.conf rewritten for 8 GPUs; slurmd restarted")
+
+
+@pytest.mark.parametrize("where", ["enable_configless", "conf-cache", "run-slurm-conf"])
+def test_configless_slurm_is_refused_where_gres_conf_would_change(scontrol, gres_conf, dev,
+                                                                  tmp_path, where):
+    text = f"NodeName=gpu-001 Name=gpu File={dev}/nvidia[0-6]\n"
+    gres_conf.write_text(text)
+    scontrol.show(gres="gpu:7")
+    if where == "enable_configless":
+        scontrol.config(SlurmctldParameters="idle_on_node_suspend,enable_configless",
+                        SLURM_CONF="/etc/slurm/slurm.conf")
+        why = "SlurmctldParameters=enable_configless"
+    elif where == "conf-cache":
+        cached = tmp_path / "spool" / "slurmd" / "conf-cache" / "slurm.conf"
+        scontrol.config(SlurmctldParameters="(null)", SLURM_CONF=str(cached))
+        why = f"{cached} is slurmd's copy of slurmctld's configuration"
+    else:
+        (gres_conf.parent / "slurm.conf").unlink()
+        (tmp_path / "run-slurm-conf").mkdir()
+        why = (f"no {gres_conf.parent / 'slurm.conf'}, and slurmd keeps slurmctld's "
+               f"configuration in {tmp_path / 'run-slurm-conf'}")
+    restart = FakeRestart(scontrol)
+
+    with pytest.raises(ReconfigureFailed) as failed:
+        reconfigure(node_name="gpu-001", gpus=eight_gpus(dev), gres_conf=None,
+                    device_dir=str(dev), restart_slurmd=restart)
+
+    assert str(failed.value) == (
+        f"Slurm runs configless here ({why}): gpu-001 reads gres.conf from slurmctld, there "
+        "is no local gres.conf to edit. Correct gpu-001's GPU line in the controller's "
+        f"gres.conf (`NodeName=gpu-001 Name=gpu File={dev}/nvidia[0-7]`), then `scontrol "
+        "reconfigure`; nothing was changed")
+    assert gres_conf.read_text() == text
+    assert scontrol.updates() == [] and restart.calls == 0

@@ -1,9 +1,11 @@
 """The job-end cleanup against a real "job" on this machine: processes started with a
 SLURM_JOB_ID of their own, as a throwaway user, one of them a setsid double-forked daemon
-that ignores SIGTERM and leaves files in a shared-memory folder; a real cgroup v2 job
-cgroup where the machine has a writable one; GPUs from the fake pynvml, whose process
-pids point at real processes. Needs root; every process started here is killed in a
-finalizer."""
+that ignores SIGTERM and leaves files in a shared-memory folder; a stand-in Epilog (a root
+process with a helper that carries the job's SLURM_JOB_ID); a real cgroup v2 job cgroup
+where the machine has a writable one; GPUs from the fake pynvml, whose process pids point
+at real processes; hand-made /proc entries (test_hygiene_processes.fake_process) for a
+process in D state and a pid reused mid-read. Needs root; every process started here is
+killed in a finalizer."""
 
 import json
 import os
@@ -14,6 +16,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -37,6 +40,7 @@ from agent.hygiene.job_cleanup import (
 from agent.hygiene.processes import is_running, process_pids, read_process, send_signal
 from agent.protocol import encode
 from agent.tests.fake_pynvml import FakeNvml
+from agent.tests.test_hygiene_processes import FAKE_PID, fake_process, fake_stat, finishes
 
 REPO = Path(__file__).resolve().parents[2]
 NO_CGROUP = "/nonexistent/slurmstepd.scope"
@@ -65,6 +69,23 @@ print(os.getpid(), flush=True)
 os.dup2(os.open(os.devnull, os.O_RDWR), 1)
 while True:
     time.sleep(60)
+"""
+
+# A stand-in for the Epilog shell (root): it forks a helper that runs `sleep` with the
+# job's SLURM_JOB_ID as the job's user (as a helper the Epilog starts with `su` or
+# `setpriv` would be), prints the helper's pid and waits for it.
+EPILOG = r"""
+import os, sys
+uid, gid, job_id = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+helper = os.fork()
+if helper == 0:
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    os.execve(sys.argv[4], ["sleep", "60"], {"SLURM_JOB_ID": job_id})
+print(helper, flush=True)
+os.dup2(os.open(os.devnull, os.O_RDWR), 1)
+os.waitpid(helper, 0)
 """
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to make a test user")
@@ -110,6 +131,24 @@ def python(test_user):
 @pytest.fixture
 def job_id():
     return str(900000000 + uuid.uuid4().int % 100000000)
+
+
+@pytest.fixture
+def epilog(test_user, job_id):
+    """The stand-in Epilog: .pid, and .helper, the read_process() entry of its helper."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", EPILOG, str(test_user.pw_uid), str(test_user.pw_gid), job_id,
+         shutil.which("sleep")], stdout=subprocess.PIPE, text=True)
+    helper_pid = int(process.stdout.readline())
+    deadline = time.monotonic() + 10
+    while (read_process(helper_pid) or {}).get("name") != "sleep":
+        assert time.monotonic() < deadline, "the Epilog's helper did not start"
+        time.sleep(0.01)
+    process.helper = read_process(helper_pid)
+    yield process
+    send_signal(process.helper, signal.SIGKILL)
+    process.kill()
+    process.wait()
 
 
 @pytest.fixture
@@ -203,21 +242,28 @@ def other_users_files(shm_dir, test_user):
     return [root_file, nobody_file, nobody_inside, victim], outside
 
 
+def clean(job_id, test_user, shm_dir, epilog, **kwargs):
+    """clean_job() for the test user's job, found by /proc, with the stand-in Epilog."""
+    args = dict(job_id=job_id, user=test_user.pw_name, job_uid=test_user.pw_uid,
+                nvml=FakeNvml(), grace_s=0.5, cgroup_root=NO_CGROUP, shm_dir=shm_dir,
+                epilog_pid=epilog.pid)
+    return clean_job(**{**args, **kwargs})
+
+
 def test_clean_job_finds_the_job_by_proc_ends_it_and_removes_the_user_s_shm_files(
-        started, test_user, python, job_id, shm_dir):
+        started, test_user, python, job_id, shm_dir, epilog):
     step, daemon = start_job(started, test_user, python, job_id, shm_dir)
+    root_helper = start_sleeper(started, job_id=job_id)  # root's, with the job's id
     bystander = start_sleeper(started, job_id=job_id + "1")  # another job's id, longer
     kept, outside = other_users_files(shm_dir, test_user)
     try:
-        report = clean_job(job_id=job_id, user=test_user.pw_name, gpus="0",
-                           user_has_other_jobs=False, nvml=FakeNvml(), grace_s=0.5,
-                           cgroup_root=NO_CGROUP, shm_dir=shm_dir)
+        report = clean(job_id, test_user, shm_dir, epilog, gpus="0")
         assert all(path.exists() for path in kept)
     finally:
         shutil.rmtree(outside)
 
     assert report["method"] == "proc"
-    assert report["found"] == 2
+    assert (report["uid"], report["found"]) == (test_user.pw_uid, 2)
     assert sorted(p["pid"] for p in report["processes"]) == sorted([step["pid"], daemon["pid"]])
     for process in report["processes"]:
         assert process["user"] == test_user.pw_name
@@ -226,7 +272,11 @@ def test_clean_job_finds_the_job_by_proc_ends_it_and_removes_the_user_s_shm_file
     assert (report["ended"], report["killed"], report["left"]) == (
         [step["pid"]], [daemon["pid"]], [])
     assert (report["ended_count"], report["killed_count"], report["left_count"]) == (1, 1, 0)
+    assert (report["unreadable"], report["unreadable_count"]) == ([], 0)
     assert not is_running(step) and not is_running(daemon)
+    # Root's process with the job's id, and the Epilog's own helper (the job's user, the
+    # job's id), are never the job's.
+    assert is_running(root_helper) and is_running(epilog.helper)
     assert is_running(bystander)
     assert sorted(report["shm_removed"], key=lambda item: item["path"]) == [
         {"path": f"{shm_dir}/nccl-4821/", "bytes": 0},
@@ -249,49 +299,118 @@ def test_clean_job_finds_the_job_by_proc_ends_it_and_removes_the_user_s_shm_file
     assert event["detail"] == json.loads(json.dumps(report))
 
 
-@pytest.mark.parametrize("has_other_jobs, reason", [
-    (True, "the user has another job on this node"),
-    (None, "unknown whether the user has another job"),
-])
-def test_shm_files_stay_while_the_user_may_have_another_job(
-        started, test_user, python, job_id, shm_dir, has_other_jobs, reason):
+def test_shm_files_stay_when_another_job_of_the_user_starts_during_the_cleanup(
+        started, test_user, python, job_id, shm_dir, epilog):
+    """The daemon ignores SIGTERM, so the kill phase takes the grace time; the user's next
+    job starts 0.2 s into it. Whether the user has another job is read from /proc right
+    before /dev/shm is touched, so its segments stay."""
     start_job(started, test_user, python, job_id, shm_dir)
+    next_job = str(int(job_id) + 1)
+    starting = threading.Timer(
+        0.2, lambda: start_sleeper(started, job_id=next_job, user=test_user))
+    starting.start()
+    try:
+        report = clean(job_id, test_user, shm_dir, epilog, grace_s=1.0)
+    finally:
+        starting.join()
 
-    report = clean_job(job_id=job_id, user=test_user.pw_name, user_has_other_jobs=has_other_jobs,
-                       nvml=FakeNvml(), grace_s=0.5, cgroup_root=NO_CGROUP, shm_dir=shm_dir)
-
-    assert (report["found"], report["left"]) == (2, [])
+    reason = f"the user has another job on this node ({next_job})"
+    assert (report["found"], report["killed_count"], report["left"]) == (2, 1, [])
     assert (report["shm_removed"], report["shm_skipped"]) == ([], reason)
     assert sorted(os.listdir(shm_dir)) == ["nccl-4821", "torch_4821_0"]
     assert f"{shm_dir} kept: {reason}" in cleanup_event(report)["message"]
 
 
-def test_remove_user_shm_refuses_a_user_the_node_does_not_know(shm_dir):
-    with pytest.raises(KeyError):
-        remove_user_shm("no-such-user-here", shm_dir=shm_dir)
-    report = clean_job(job_id="1", user="no-such-user-here", user_has_other_jobs=False,
-                       nvml=None, grace_s=0.1, cgroup_root=NO_CGROUP, shm_dir=shm_dir)
+def test_shm_files_made_after_the_cleanup_began_are_kept(
+        started, test_user, python, job_id, shm_dir, epilog):
+    """A segment the user's next job makes during the kill phase (its ctime after the
+    clean-up began) stays; the job's older ones go."""
+    start_job(started, test_user, python, job_id, shm_dir)
+    fresh = Path(shm_dir, "nccl-next-job")
+
+    def next_job_segment():
+        fresh.write_bytes(b"x" * 4096)
+        os.chown(fresh, test_user.pw_uid, test_user.pw_gid)
+
+    making = threading.Timer(0.2, next_job_segment)
+    making.start()
+    try:
+        report = clean(job_id, test_user, shm_dir, epilog, grace_s=1.0)
+    finally:
+        making.join()
+
+    assert report["shm_skipped"] is None
+    assert sorted(item["path"] for item in report["shm_removed"]) == [
+        f"{shm_dir}/nccl-4821/", f"{shm_dir}/nccl-4821/ring0", f"{shm_dir}/torch_4821_0"]
+    assert os.listdir(shm_dir) == ["nccl-next-job"]
+
+
+def test_remove_user_shm_reports_names_that_are_not_utf8_and_takes_deep_trees(
+        test_user, shm_dir):
+    uid, gid = test_user.pw_uid, test_user.pw_gid
+    earlier = time.time_ns()
+    odd_name = os.path.join(os.fsencode(shm_dir), b"seg-\xff\xe2\x82")
+    with open(odd_name, "wb") as f:
+        f.write(b"x" * 10)
+    os.chown(odd_name, uid, gid)
+    path = shm_dir
+    for _ in range(1000):
+        path = os.path.join(path, "d")
+        os.mkdir(path)
+        os.chown(path, uid, gid)
+    Path(path, "bottom").write_bytes(b"y")
+    os.chown(os.path.join(path, "bottom"), uid, gid)
+
+    # Nothing changed before `earlier`: nothing goes.
+    assert remove_user_shm(uid, before_ns=earlier, shm_dir=shm_dir) == []
+    removed = remove_user_shm(uid, before_ns=time.time_ns(), shm_dir=shm_dir)
+
+    assert os.listdir(shm_dir) == []
+    assert len(removed) == 1 + 1000 + 1
+    assert {"path": f"{shm_dir}/seg-\ufffd\ufffd", "bytes": 10} in removed
+    assert {"path": shm_dir + "/d" * 1000 + "/bottom", "bytes": 1} in removed
+    assert {"path": f"{shm_dir}/d/", "bytes": 0} in removed
+    json.dumps(removed, ensure_ascii=False).encode("utf-8")  # no lone surrogate in it
+
+
+def test_a_user_the_node_does_not_know_has_no_process_ended(started, job_id, shm_dir):
+    step = start_sleeper(started, job_id=job_id)
+    Path(shm_dir, "segment").write_bytes(b"x")
+
+    report = clean_job(job_id=job_id, user="no-such-user-here", job_uid=None, nvml=None,
+                       grace_s=0.1, cgroup_root=NO_CGROUP, shm_dir=shm_dir)
+
+    assert (report["uid"], report["found"], report["processes"]) == (None, 0, [])
+    assert is_running(step)
     assert report["shm_skipped"] == "no user no-such-user-here on this node"
+    assert os.listdir(shm_dir) == ["segment"]
+    assert cleanup_event(report)["message"] == (
+        f"job {job_id} (no-such-user-here): no user no-such-user-here on this node: no "
+        f"process ended; {shm_dir} kept: no user no-such-user-here on this node; the job had "
+        "no GPUs")
 
 
-def test_the_epilog_itself_and_its_ancestors_are_not_the_job_s(started, job_id):
-    """The Epilog runs with the job's SLURM_JOB_ID: a shell with it runs a Python with
-    it, which looks for the job's processes."""
+def test_the_epilog_itself_its_ancestors_and_its_helpers_are_not_the_job_s(started, job_id):
+    """The Epilog runs with the job's SLURM_JOB_ID: a shell with it starts a helper with it
+    (as `exec > >(logger)` does) and runs a Python with it, which looks for the job's
+    processes (a root job: uid 0)."""
     step = start_sleeper(started, job_id=job_id)
     code = ("import json, os; from agent.hygiene.job_cleanup import find_job_processes; "
-            f"method, found = find_job_processes({job_id!r}, cgroup_root={NO_CGROUP!r}); "
-            "print(json.dumps([os.getpid(), method, [p['pid'] for p in found]]))")
+            f"method, found, unreadable = find_job_processes({job_id!r}, job_uid=0, "
+            f"cgroup_root={NO_CGROUP!r}); "
+            "print(json.dumps([os.getpid(), method, [p['pid'] for p in found], unreadable]))")
     shell = subprocess.run(
-        ["sh", "-c", f'echo $$; "{sys.executable}" -c "{code}"; true'],
+        ["sh", "-c", f'echo $$; sleep 60 & echo $!; "{sys.executable}" -c "{code}"; kill $!'],
         env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": job_id}, cwd=REPO,
         capture_output=True, text=True, timeout=60, check=True,
     )
-    shell_pid, result = shell.stdout.splitlines()
-    python_pid, method, pids = json.loads(result)
+    shell_pid, helper_pid, result = shell.stdout.splitlines()
+    python_pid, method, pids, unreadable = json.loads(result)
 
     assert method == "proc"
     assert pids == [step["pid"]]
-    assert int(shell_pid) != step["pid"] and python_pid != step["pid"]
+    assert unreadable == []
+    assert step["pid"] not in (int(shell_pid), int(helper_pid), python_pid)
 
 
 def writable_cgroup2_root():
@@ -327,23 +446,99 @@ def cgroup_root():
                 time.sleep(0.05)
 
 
-def test_a_job_with_a_cgroup_is_found_in_it_and_its_step_cgroups(cgroup_root, started, job_id):
+def test_a_job_with_a_cgroup_is_found_in_it_and_its_step_cgroups(
+        cgroup_root, started, test_user, job_id, epilog):
     job_dir = Path(cgroup_root, f"job_{job_id}")
     (job_dir / "step_0").mkdir(parents=True)
     Path(cgroup_root, "job_1").mkdir()  # another job
-    in_job = start_sleeper(started)
-    in_step = start_sleeper(started)
-    in_other_job = start_sleeper(started)
+    in_job = start_sleeper(started, user=test_user)
+    in_step = start_sleeper(started, user=test_user)
+    stepd = start_sleeper(started)  # root's, as slurmstepd is: never the job's
+    in_other_job = start_sleeper(started, user=test_user)
     (job_dir / "cgroup.procs").write_text(str(in_job["pid"]))
     (job_dir / "step_0" / "cgroup.procs").write_text(str(in_step["pid"]))
+    (job_dir / "step_0" / "cgroup.procs").write_text(str(stepd["pid"]))
     Path(cgroup_root, "job_1", "cgroup.procs").write_text(str(in_other_job["pid"]))
 
-    method, found = find_job_processes(job_id, cgroup_root=cgroup_root)
+    method, found, unreadable = find_job_processes(
+        job_id, job_uid=test_user.pw_uid, cgroup_root=cgroup_root, epilog_pid=epilog.pid)
 
     assert method == "cgroup"
     assert sorted(p["pid"] for p in found) == sorted([in_job["pid"], in_step["pid"]])
-    assert all(p["name"] == "sleep" and p["user"] == "root" for p in found)
-    assert find_job_processes("2", cgroup_root=cgroup_root) == ("proc", [])
+    assert all(p["name"] == "sleep" and p["user"] == test_user.pw_name for p in found)
+    assert unreadable == []
+    assert find_job_processes("2", job_uid=test_user.pw_uid, cgroup_root=cgroup_root) == (
+        "proc", [], [])
+
+
+def test_a_process_in_d_state_is_reported_unreadable_and_never_asked(
+        test_user, job_id, shm_dir, tmp_path):
+    """Its environ and cmdline are FIFOs nobody writes: reading one would block the test."""
+    view = tmp_path / "proc"
+    view.mkdir()
+    fifos = fake_process(view, FAKE_PID, name=b"python3", state="D", ppid=1,
+                         uid=test_user.pw_uid, blocking=("environ", "cmdline"))
+
+    report = finishes(lambda: clean_job(
+        job_id=job_id, user=test_user.pw_name, job_uid=test_user.pw_uid, nvml=None,
+        grace_s=0.1, cgroup_root=NO_CGROUP, shm_dir=shm_dir, proc=str(view)), fifos)
+
+    assert (report["found"], report["processes"]) == (0, [])
+    assert report["unreadable"] == [{"pid": FAKE_PID, "name": "python3",
+                                     "user": test_user.pw_name, "start_ticks": 1000}]
+    assert report["unreadable_count"] == 1
+    assert report["shm_skipped"] is None  # a D-state process says nothing of another job
+    assert cleanup_event(report)["message"].startswith(
+        f"job {job_id} ({test_user.pw_name}): 0 processes found by /proc, 0 ended, 0 killed, "
+        "1 process of the user's in D state not read; ")
+
+
+@pytest.mark.parametrize("reused", [False, True])
+def test_a_pid_reused_while_its_environ_is_read_is_not_taken(test_user, job_id, tmp_path,
+                                                             reused):
+    """The job's process ends and a new process takes its pid while the search reads the
+    environ (a FIFO here, written once the search opens it): the start time read before
+    no longer matches, and the pid is left."""
+    view = tmp_path / "proc"
+    view.mkdir()
+    [environ] = fake_process(view, FAKE_PID, name=b"python3", state="S", ppid=1,
+                             uid=test_user.pw_uid, blocking=("environ",))
+
+    def write_environ():
+        with open(environ, "wb") as fifo:  # opens once the search does
+            if reused:
+                (view / str(FAKE_PID) / "stat").write_bytes(
+                    fake_stat(FAKE_PID, name=b"python3", state="S", ppid=1, start_ticks=2000))
+            fifo.write(b"SLURM_JOB_ID=" + job_id.encode() + b"\0")
+
+    writer = threading.Thread(target=write_environ, daemon=True)
+    writer.start()
+    method, found, unreadable = finishes(lambda: find_job_processes(
+        job_id, job_uid=test_user.pw_uid, cgroup_root=NO_CGROUP, proc=str(view)), [environ])
+    writer.join(10)
+
+    assert (method, unreadable) == ("proc", [])
+    if reused:
+        assert found == []
+    else:
+        assert [(p["pid"], p["start_ticks"]) for p in found] == [(FAKE_PID, 1000)]
+
+
+def test_a_name_that_is_not_utf8_breaks_nothing(started, test_user, python, job_id, shm_dir,
+                                                epilog):
+    """A job's process whose comm, cut at 15 bytes, ends in half a character."""
+    code = ("import os, time\n"
+            "open('/proc/self/comm', 'wb').write(('ab' + '\\u20ac' * 5).encode())\n"
+            "print(os.getpid(), flush=True)\n"
+            "time.sleep(60)\n")
+    process = start(started, [python, "-c", code], job_id=job_id, user=test_user)
+
+    report = clean(job_id, test_user, shm_dir, epilog, grace_s=0.5)
+
+    assert [(p["pid"], p["name"]) for p in report["processes"]] == [
+        (process["pid"], "ab" + "\u20ac" * 4 + "\ufffd")]
+    assert report["ended"] == [process["pid"]]
+    json.dumps(cleanup_event(report), ensure_ascii=False).encode("utf-8")
 
 
 def test_end_processes_kills_what_ignores_sigterm(started, test_user, python, job_id, shm_dir):
@@ -384,58 +579,86 @@ def test_the_fake_serves_minors_and_pynvml_s_process_objects():
     assert (second.pid, second.usedGpuMemory) == (425, None)
 
 
-def test_gpu_memory_holders_leave_out_another_job_s_processes(started, job_id):
-    ours = start_sleeper(started, job_id=job_id)
-    other_job = start_sleeper(started, job_id=job_id + "1")
-    no_job = start_sleeper(started)
+def test_gpu_memory_holders_are_the_job_s_processes_only(started, test_user, job_id):
+    ours = start_sleeper(started, job_id=job_id, user=test_user)
+    other_job = start_sleeper(started, job_id=job_id + "1", user=test_user)
+    adopted = start_sleeper(started, user=test_user)  # no SLURM_JOB_ID (pam_slurm_adopt)
+    stranger = start_sleeper(started)  # root's, no SLURM_JOB_ID
     fake = FakeNvml(gpu_count=3)
     fake.add_compute_process(0, ours["pid"])
     fake.add_compute_process(1, other_job["pid"])
-    fake.add_compute_process(1, no_job["pid"], used_bytes=None)
+    fake.add_compute_process(1, adopted["pid"], used_bytes=None)
+    fake.add_compute_process(2, stranger["pid"])
+    fake.add_compute_process(2, FAKE_PID)  # gone: one of the job's, ended
+    fake.add_compute_process(2, FAKE_PID + 1)  # gone: nothing says whose
 
-    holders = gpu_memory_holders(fake, job_id=job_id)
+    # Found as the job's: FAKE_PID (gone since), and the stranger's pid with another start
+    # time (a process before it that had the pid).
+    found = [{"pid": FAKE_PID, "start_ticks": 5},
+             {"pid": stranger["pid"], "start_ticks": stranger["start_ticks"] - 1}]
+    holders = gpu_memory_holders(fake, job_id=job_id, job_uid=test_user.pw_uid,
+                                 job_processes=found)
 
     assert holders == [
         {"pid": ours["pid"], "gpu_index": 0, "gpu_uuid": fake.uuid(0), "gpu_minor": 0,
          "used_memory_bytes": 1002 * MIB, "name": "sleep", "job_id": job_id,
          "start_ticks": ours["start_ticks"]},
-        {"pid": no_job["pid"], "gpu_index": 1, "gpu_uuid": fake.uuid(1), "gpu_minor": 1,
+        {"pid": adopted["pid"], "gpu_index": 1, "gpu_uuid": fake.uuid(1), "gpu_minor": 1,
          "used_memory_bytes": None, "name": "sleep", "job_id": None,
-         "start_ticks": no_job["start_ticks"]},
+         "start_ticks": adopted["start_ticks"]},
+        {"pid": FAKE_PID, "gpu_index": 2, "gpu_uuid": fake.uuid(2), "gpu_minor": 2,
+         "used_memory_bytes": 1002 * MIB, "name": None, "job_id": None, "start_ticks": None},
     ]
-    assert [h["pid"] for h in gpu_memory_holders(fake, job_id=job_id, gpu_minors={1})] == [
-        no_job["pid"]]
+    assert [h["pid"] for h in gpu_memory_holders(
+        fake, job_id=job_id, job_uid=test_user.pw_uid, gpu_minors={1})] == [adopted["pid"]]
 
     fake.lost = {0}
     errors = []
-    assert [h["pid"] for h in gpu_memory_holders(fake, job_id=job_id, errors=errors)] == [
-        no_job["pid"]]
+    assert [h["pid"] for h in gpu_memory_holders(
+        fake, job_id=job_id, job_uid=test_user.pw_uid, gpu_minors={0, 1}, errors=errors)] == [
+        adopted["pid"]]
     assert errors == ["GPU 0: GPU is lost"]
 
 
-def test_the_gpu_check_says_why_nvml_is_unavailable(job_id, shm_dir):
-    args = dict(job_id=job_id, user="root", user_has_other_jobs=True, grace_s=0.1,
-                cgroup_root=NO_CGROUP, shm_dir=shm_dir)
+def test_the_gpu_check_says_why_it_was_not_made(test_user, job_id, shm_dir):
+    args = dict(job_id=job_id, user=test_user.pw_name, job_uid=test_user.pw_uid, gpus="0,1",
+                grace_s=0.1, cgroup_root=NO_CGROUP, shm_dir=shm_dir)
     no_driver = clean_job(nvml=FakeNvml(init_error=pynvml.NVMLError_DriverNotLoaded), **args)
     no_pynvml = clean_job(nvml=None, **args)
     lost = FakeNvml(gpu_count=2)
     lost.lost = {1}
     one_lost = clean_job(nvml=lost, **args)
+    # A CPU-only job: no GPU is looked at, so even a broken NVML is never asked.
+    no_gpus = clean_job(nvml=FakeNvml(init_error=pynvml.NVMLError_DriverNotLoaded),
+                        **{**args, "gpus": None})
+    empty = clean_job(nvml=FakeNvml(init_error=pynvml.NVMLError_DriverNotLoaded),
+                      **{**args, "gpus": ""})
 
     assert no_driver["gpu_check"] == "NVML unavailable: Driver Not Loaded"
     assert no_pynvml["gpu_check"] == "NVML unavailable: pynvml could not be imported"
     assert one_lost["gpu_check"] == "GPU 1: GPU is lost"
+    assert no_gpus["gpu_check"] == empty["gpu_check"] == "the job had no GPUs"
     assert no_driver["gpu_processes"] == no_pynvml["gpu_processes"] == []
+    assert no_gpus["gpu_processes"] == []
     assert cleanup_event(no_driver)["message"].endswith("; NVML unavailable: Driver Not Loaded")
+    assert cleanup_event(no_gpus)["message"].endswith("; the job had no GPUs")
 
 
-def test_leftovers_are_recorded_and_cleared_once_their_memory_is_free(
-        started, job_id, shm_dir, tmp_path):
-    stuck = start_sleeper(started)  # holds GPU 1 memory; not the job's, so not ended
+def holder_of(process, fake, gpu=0):
+    """A gpu_memory_holders() entry for `process` (read_process()'s) on the fake's GPU."""
+    return {"pid": process["pid"], "gpu_index": gpu, "gpu_uuid": fake.uuid(gpu),
+            "gpu_minor": gpu, "used_memory_bytes": 1002 * MIB, "name": process["name"],
+            "job_id": None, "start_ticks": process["start_ticks"]}
+
+
+def test_leftovers_are_recorded_then_announced_and_cleared_by_the_agent(
+        started, test_user, job_id, shm_dir, epilog, tmp_path):
+    # Holds GPU 1 memory: the job's user's, with no SLURM_JOB_ID (so not ended by /proc).
+    stuck = start_sleeper(started, user=test_user)
     fake = FakeNvml(gpu_count=2)
     fake.add_compute_process(1, stuck["pid"])
-    report = clean_job(job_id=job_id, user="alice", gpus="1", user_has_other_jobs=True,
-                       nvml=fake, grace_s=0.1, cgroup_root=NO_CGROUP, shm_dir=shm_dir)
+    report = clean(job_id, test_user, shm_dir, epilog, user="alice", gpus="1", nvml=fake,
+                   grace_s=0.1)
     [holder] = report["gpu_processes"]
     assert (holder["pid"], holder["gpu_uuid"]) == (stuck["pid"], fake.uuid(1))
     assert "1 process still holding GPU memory" in cleanup_event(report)["message"]
@@ -458,9 +681,13 @@ def test_leftovers_are_recorded_and_cleared_once_their_memory_is_free(
     assert (first["job_id"], second["job_id"]) == ("17", job_id)
     assert (second["user"], second["pids"], second["gpu_uuids"]) == (
         "alice", [stuck["pid"]], [fake.uuid(1)])
+    assert (second["announced"], second["warning"]["message"]) == (False, warning["message"])
 
     assert LeftoversWatcher(state_dir=state_dir, nvml=None).check_once() == []
     watcher = LeftoversWatcher(state_dir=state_dir, nvml=fake)
+    announced = watcher.check_once()  # the warnings first, as the hook recorded them
+    assert announced == [first["warning"], second["warning"]]
+    assert [job["announced"] for job in load_leftovers(state_dir)] == [True, True]
     assert watcher.check_once() == []  # both still hold it (job 17 recorded the same pid)
     fake.lost = {0}
     fake.compute_processes.clear()
@@ -478,35 +705,78 @@ def test_leftovers_are_recorded_and_cleared_once_their_memory_is_free(
     assert watcher.check_once() == []
 
 
-def test_job_leftovers_stays_open_while_any_jobs_memory_is_held(started, tmp_path):
+def test_the_warning_goes_out_before_its_clear_even_when_the_memory_is_freed_first(
+        started, tmp_path):
+    """The memory is free before the agent's first round: that round announces the warning
+    only; the clear comes a round later, so the server never gets it first."""
+    holder = start_sleeper(started)
+    fake = FakeNvml()
+    fake.add_compute_process(0, holder["pid"])
+    record_leftovers(tmp_path, {"job_id": "31", "user": "erin",
+                                "gpu_processes": [holder_of(holder, fake)]})
+    send_signal(holder, signal.SIGKILL)
+    fake.compute_processes[0] = []
+    watcher = LeftoversWatcher(state_dir=tmp_path, nvml=fake)
+
+    [warning] = watcher.check_once()
+    [cleared] = watcher.check_once()
+
+    assert (warning["signature"], warning["state"]) == ("job_leftovers", "active")
+    assert (cleared["signature"], cleared["state"]) == ("job_leftovers", "cleared")
+    assert cleared["detail"] == {"job_ids": ["31"]}
+    assert watcher.check_once() == []
+
+
+def test_a_job_recorded_while_another_is_cleared_keeps_the_event_open(started, tmp_path):
     freed, held = start_sleeper(started), start_sleeper(started)
     fake = FakeNvml(gpu_count=2)
     fake.add_compute_process(0, freed["pid"])
     fake.add_compute_process(1, held["pid"])
-    for job, holder in (("21", freed), ("22", held)):
-        record_leftovers(tmp_path, {"job_id": job, "user": "dana", "gpu_processes": [
-            {"pid": holder["pid"], "gpu_uuid": fake.uuid(0), "start_ticks": holder["start_ticks"]}]})
+    record_leftovers(tmp_path, {"job_id": "21", "user": "dana",
+                                "gpu_processes": [holder_of(freed, fake, 0)]})
     watcher = LeftoversWatcher(state_dir=tmp_path, nvml=fake)
+    [_] = watcher.check_once()  # job 21 announced
     send_signal(freed, signal.SIGKILL)
     fake.compute_processes[0] = []
-    assert watcher.check_once() == []  # job 22's memory is still held: the event stays open
+    record_leftovers(tmp_path, {"job_id": "22", "user": "dana",
+                                "gpu_processes": [holder_of(held, fake, 1)]})
+
+    [announced] = watcher.check_once()  # 22's warning; 21 forgotten, but 22 keeps it open
+
+    assert announced["detail"]["job_id"] == "22"
     assert [job["job_id"] for job in load_leftovers(tmp_path)] == ["22"]
+    assert watcher.check_once() == []
     send_signal(held, signal.SIGKILL)
     fake.compute_processes[1] = []
     [cleared] = watcher.check_once()
     assert cleared["detail"] == {"job_ids": ["22"]}
 
 
+def test_a_record_from_a_hook_that_announced_it_itself_is_cleared_at_once(started, tmp_path):
+    """A record left by the hook before this version (it spooled the warning itself) has
+    no `announced` and no warning: it is not announced again."""
+    gone = {"pid": FAKE_PID, "start_ticks": 7}
+    (tmp_path / "job_leftovers.json").write_text(json.dumps([
+        {"job_id": "9", "user": "fay", "pids": [FAKE_PID], "processes": [gone],
+         "gpu_uuids": ["GPU-x"], "recorded_at": 1.0}]))
+
+    [cleared] = LeftoversWatcher(state_dir=tmp_path, nvml=FakeNvml()).check_once()
+
+    assert (cleared["state"], cleared["detail"]) == ("cleared", {"job_ids": ["9"]})
+
+
 def test_a_recorded_pid_taken_by_another_process_holds_nothing(started, tmp_path):
     newcomer = start_sleeper(started)
     fake = FakeNvml()
     fake.add_compute_process(0, newcomer["pid"])
-    holder = {"pid": newcomer["pid"], "gpu_uuid": fake.uuid(0),
-              "start_ticks": newcomer["start_ticks"] - 1}
+    holder = {**holder_of(newcomer, fake), "start_ticks": newcomer["start_ticks"] - 1}
     record_leftovers(tmp_path, {"job_id": "5", "user": "carol", "gpu_processes": [holder]})
+    watcher = LeftoversWatcher(state_dir=tmp_path, nvml=fake)
 
-    [cleared] = LeftoversWatcher(state_dir=tmp_path, nvml=fake).check_once()
+    [warning] = watcher.check_once()
+    [cleared] = watcher.check_once()
 
+    assert warning["state"] == "active"
     assert cleared["detail"] == {"job_ids": ["5"]}
 
 
@@ -518,9 +788,10 @@ def test_the_events_stay_under_the_detail_limit_with_10000_processes(job_id):
                 "gpu_minor": pid % 8, "used_memory_bytes": MIB, "name": "python3",
                 "job_id": job_id, "start_ticks": 1} for pid in range(10000)]
     report = {
-        "job_id": job_id, "user": "alice", "method": "proc", "found": 10000,
+        "job_id": job_id, "user": "alice", "uid": 1000, "method": "proc", "found": 10000,
         "processes": processes, "ended": list(range(10000)), "killed": [], "left": [],
         "ended_count": 10000, "killed_count": 0, "left_count": 0,
+        "unreadable": [], "unreadable_count": 0,
         "gpu_processes": holders, "gpu_check": "ok", "shm_dir": "/dev/shm",
         "shm_removed": [{"path": f"/dev/shm/{long_text}{n}", "bytes": 1} for n in range(10000)],
         "shm_removed_files": 10000, "shm_removed_bytes": 10000, "shm_skipped": None,

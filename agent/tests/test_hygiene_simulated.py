@@ -46,7 +46,7 @@ def test_a_healthy_simulated_node_reports_readings_and_no_events():
     assert hygiene.status_of("slurmd")["watched_by"] == "simulated"
     assert hygiene.status_of("processes")["zombies"] == 0
     assert hygiene.status_of("gres") == {"match": True, "nvml_gpus": 8, "slurm_gpus": 8,
-                                         "checked_at": clock.now + 1.7e9}
+                                         "checked_at": clock.now + 1.7e9, "not_compared": None}
 
 
 def test_gres_drift_opens_and_the_servers_reconfigure_clears_it():

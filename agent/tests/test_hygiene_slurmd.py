@@ -3,11 +3,12 @@
 The fake slurmd is a Python script named slurmd, so its process's comm is "slurmd" as
 a real one's is. `slurmd -N <node>` daemonizes as the real one does (fork, setsid, fork,
 stdio on /dev/null) and writes run/slurmd-<node>.pid; flag files in its folder make it
-fail as slurmd does when its port is taken, exit 0 without starting, or ignore SIGTERM.
-The fake systemctl answers `systemctl show <unit> -p ...` in systemd's own order (the
-Service properties, then the Unit ones, whatever order -p asks for) from a JSON state
-the test sets, and `systemctl restart <unit>` as systemd does for a unit that runs it:
-stop, start, NRestarts back to 0, or the "Job for ... failed" error."""
+fail as slurmd does when its port is taken, exit 0 without starting, or ignore SIGTERM;
+it records the names of its environment's variables. The fake systemctl answers
+`systemctl show <unit> -p ...` in systemd's own order (the Service properties, then the
+Unit ones, whatever order -p asks for) from a JSON state the test sets, and
+`systemctl restart <unit>` as systemd does for a unit that runs it: stop, start,
+NRestarts back to 0, or the "Job for ... failed" error (Result=exit-code)."""
 
 import json
 import logging
@@ -30,6 +31,8 @@ def flag(name):
     return os.path.exists(os.path.join(FOLDER, name))
 with open(os.path.join(FOLDER, "slurmd_calls"), "a") as f:
     f.write(" ".join(sys.argv[1:]) + "\\n")
+with open(os.path.join(FOLDER, "slurmd_environ"), "w") as f:
+    f.write("\\n".join(sorted(os.environ)))
 if flag("fail"):
     print("slurmd: error: Unable to bind listen port (6818): Address already in use")
     sys.exit(1)
@@ -61,7 +64,7 @@ import json, os, signal, subprocess, sys, time
 FOLDER = {folder!r}
 STATE = os.path.join(FOLDER, "unit.json")
 # systemd prints the Service interface's properties, then the Unit's.
-ORDER = ("MainPID", "NRestarts", "ExecMainStartTimestampMonotonic", "LoadState",
+ORDER = ("Result", "MainPID", "NRestarts", "ExecMainStartTimestampMonotonic", "LoadState",
          "ActiveState", "SubState")
 with open(os.path.join(FOLDER, "systemctl_calls"), "a") as f:
     f.write(" ".join(sys.argv[1:]) + "\\n")
@@ -81,7 +84,7 @@ if state["MainPID"]:
     except ProcessLookupError:
         pass
 if os.path.exists(os.path.join(FOLDER, "refuse")):
-    state.update(MainPID=0, ActiveState="failed", SubState="failed")
+    state.update(MainPID=0, ActiveState="failed", SubState="failed", Result="exit-code")
     with open(STATE, "w") as f:
         json.dump(state, f)
     print("Job for " + unit + ".service failed because the control process exited with "
@@ -95,7 +98,8 @@ subprocess.run(["slurmd", "-N", unit], check=True)
 while not os.path.exists(pid_file) or open(pid_file).read() in (old, ""):
     time.sleep(0.02)
 state.update(MainPID=int(open(pid_file).read()), ActiveState="active", SubState="running",
-             NRestarts=0, ExecMainStartTimestampMonotonic=int(time.monotonic() * 1e6))
+             Result="success", NRestarts=0,
+             ExecMainStartTimestampMonotonic=int(time.monotonic() * 1e6))
 with open(STATE, "w") as f:
     json.dump(state, f)
 """
@@ -158,8 +162,10 @@ class FakeSystemd:
     def __init__(self, node):
         self.node = node
         self.path = node.folder / "unit.json"
-        self.write(LoadState="loaded", ActiveState="inactive", SubState="dead", MainPID=0,
-                   NRestarts=0, ExecMainStartTimestampMonotonic=0)
+        # A unit never started: inactive, Result=success (as after `systemctl stop`).
+        self.write(LoadState="loaded", ActiveState="inactive", SubState="dead",
+                   Result="success", MainPID=0, NRestarts=0,
+                   ExecMainStartTimestampMonotonic=0)
 
     def state(self):
         return json.loads(self.path.read_text())
@@ -226,6 +232,16 @@ def one(events, signature, state="active"):
     return event
 
 
+def first_check(watcher):
+    """The first check of a watcher that finds slurmd running: its one event is the
+    `cleared` of a slurmd_down the server may hold open from before the agent started."""
+    [cleared] = watcher.check_once()
+    assert (cleared["signature"], cleared["state"], cleared["severity"]) == (
+        "slurmd_down", "cleared", "info")
+    assert cleared["message"] == f"slurmd on gpu-001 runs (pid {watcher.status()['pid']})"
+    return cleared
+
+
 # --- process mode ----------------------------------------------------------------------------
 
 
@@ -234,7 +250,7 @@ def test_a_killed_slurmd_is_restarted_in_place(node):
     watcher = process_watcher(node)
     assert watcher.status() is None
 
-    assert watcher.check_once() == []
+    first_check(watcher)
     running = watcher.status()
     assert running["state"] == "running" and running["pid"] == first
     assert running["watched_by"] == "process" and running["restarts"] == 0
@@ -269,9 +285,12 @@ def test_a_killed_slurmd_is_restarted_in_place(node):
 def test_a_slurmd_not_running_at_the_first_check_is_started(node):
     watcher = process_watcher(node)
 
-    [event] = watcher.check_once()
+    events = watcher.check_once()
 
-    assert event["signature"] == "slurmd_restarted"
+    # The first check since the agent started: slurmd_down's cleared goes with the restart.
+    assert [(e["signature"], e["state"]) for e in events] == [
+        ("slurmd_down", "cleared"), ("slurmd_restarted", "active")]
+    event = events[1]
     assert event["detail"]["previous_pid"] is None and event["detail"]["ran_for_s"] is None
     assert event["message"] == (f"slurmd on gpu-001 was not running: restarted, now pid "
                                 f"{node.pid()} (restart 1 in 10 min)")
@@ -455,6 +474,62 @@ def test_restart_now_reports_a_start_that_fails(node):
     assert watcher.status()["state"] == "stopped"
 
 
+def test_after_an_agent_restart_slurmd_down_and_flapping_are_cleared_once(node):
+    # The server may hold either open from the agent's last run: the first check that
+    # finds slurmd running clears slurmd_down, and slurmd_flapping once slurmd has run a
+    # whole window without a restart.
+    clock = Clock()
+    node.start_slurmd()
+    watcher = process_watcher(node, clock=clock)
+
+    first_check(watcher)
+    assert watcher.check_once() == []
+    clock.now += 599
+    assert watcher.check_once() == []
+    clock.now += 1
+    [cleared] = watcher.check_once()
+    assert (cleared["signature"], cleared["state"]) == ("slurmd_flapping", "cleared")
+    assert cleared["message"] == "slurmd on gpu-001 has run for 10 min without a restart"
+    clock.now += 3600
+    assert watcher.check_once() == []
+
+
+def test_a_slurmd_up_a_whole_window_at_start_clears_flapping_at_the_first_check(node):
+    node.start_slurmd()
+    time.sleep(1.1)
+    watcher = process_watcher(node, flap_window_s=1.0)
+
+    events = watcher.check_once()
+
+    assert [(e["signature"], e["state"]) for e in events] == [
+        ("slurmd_down", "cleared"), ("slurmd_flapping", "cleared")]
+    assert watcher.check_once() == []
+
+
+def test_the_restarted_slurmd_gets_the_agents_environment_without_its_own_variables(
+        node, monkeypatch):
+    monkeypatch.setenv("CLUSTERUI_AGENT_TOKEN", "join-token-not-for-slurmd")
+    monkeypatch.setenv("CLUSTERUI_SERVER", "wss://clusterui.example:8443")
+    monkeypatch.setenv("SLURM_CONF", "/etc/slurm/slurm.conf")
+    watcher = process_watcher(node)
+
+    one(watcher.check_once(), "slurmd_restarted")
+
+    names = (node.folder / "slurmd_environ").read_text().split()
+    assert "PATH" in names and "SLURM_CONF" in names
+    assert [name for name in names if name.startswith("CLUSTERUI")] == []
+
+
+def test_a_restart_command_runs_without_the_agents_variables(monkeypatch):
+    monkeypatch.setenv("CLUSTERUI_AGENT_TOKEN", "join-token")
+    monkeypatch.setenv("NOT_CLUSTERUI_X", "kept")
+
+    status, _, output = slurmd_module.run_restart_command(
+        ["sh", "-c", 'echo "[${CLUSTERUI_AGENT_TOKEN-unset}] [$NOT_CLUSTERUI_X]"'])
+
+    assert (status, output) == (0, "[unset] [kept]")
+
+
 def test_the_pid_file_comes_from_scontrol_show_config(node, tmp_path, monkeypatch, caplog):
     caplog.set_level(logging.WARNING)
     fallback = tmp_path / "fallback.pid"
@@ -472,7 +547,8 @@ def test_the_pid_file_comes_from_scontrol_show_config(node, tmp_path, monkeypatc
     watcher = SlurmdWatcher(node_name="gpu-001", restart=False)
 
     # slurmctld down: the default pid file, and one log line.
-    assert watcher.check_once() == [] and watcher.check_once() == []
+    first_check(watcher)
+    assert watcher.check_once() == []
     assert watcher.status()["pid"] == pid
     [record] = caplog.records
     assert "Unable to contact slurm controller" in record.getMessage()
@@ -499,14 +575,15 @@ def test_the_thread_restarts_slurmd_and_hands_the_event_over(node):
             time.sleep(0.01)
         node.kill(node.pid())
         events = []
-        while not events:
+        while "slurmd_restarted" not in [e["signature"] for e in events]:
             assert time.monotonic() < deadline
             time.sleep(0.01)
-            events = watcher.poll([])
+            events += watcher.poll([])
     finally:
         watcher.close()
 
-    assert [e["signature"] for e in events] == ["slurmd_restarted"]
+    assert [(e["signature"], e["state"]) for e in events] == [
+        ("slurmd_down", "cleared"), ("slurmd_restarted", "active")]
 
 
 # --- systemd mode ----------------------------------------------------------------------------
@@ -516,13 +593,13 @@ def test_systemd_is_used_where_it_runs_the_unit(node, systemd):
     pid = systemd.run_slurmd()
     watcher = SlurmdWatcher(node_name="gpu-001")
 
-    assert watcher.check_once() == []
+    first_check(watcher)
 
     status = watcher.status()
     assert (status["watched_by"], status["state"], status["pid"]) == ("systemd", "running", pid)
     assert abs(status["since"] - time.time()) < 5
     assert node.calls("systemctl")[0] == (
-        "show slurmd -p LoadState,ActiveState,SubState,MainPID,"
+        "show slurmd -p LoadState,ActiveState,SubState,Result,MainPID,"
         "ExecMainStartTimestampMonotonic,NRestarts")
 
 
@@ -586,6 +663,49 @@ def test_a_failed_unit_is_restarted_with_systemctl(node, systemd):
     assert again["detail"]["restarts_in_window"] == 2 and again["detail"]["command"] is None
 
 
+def test_a_unit_stopped_on_purpose_is_reported_not_restarted_and_cleared_when_it_runs(
+        node, systemd):
+    first = systemd.run_slurmd()
+    watcher = SlurmdWatcher(node_name="gpu-001")
+    first_check(watcher)
+    # `systemctl stop slurmd` for maintenance: inactive, Result=success.
+    node.kill(first)
+    systemd.write(MainPID=0, ActiveState="inactive", SubState="dead", Result="success")
+
+    [down] = watcher.check_once()
+
+    assert (down["signature"], down["severity"], down["state"]) == (
+        "slurmd_down", "warning", "active")
+    assert down["detail"] == {"why": "stopped on purpose (systemctl stop): not restarted",
+                              "output_tail": "", "watched_by": "systemd"}
+    assert down["message"] == ("slurmd on gpu-001 is not running: stopped on purpose "
+                               "(systemctl stop): not restarted")
+    assert watcher.status()["state"] == "stopped" and watcher.status()["pid"] is None
+    assert watcher.check_once() == [] and watcher.check_once() == []
+    assert not any(call.startswith("restart") for call in node.calls("systemctl"))
+
+    second = systemd.run_slurmd()  # `systemctl start slurmd` after the maintenance
+    [cleared] = watcher.check_once()
+    assert (cleared["signature"], cleared["state"], cleared["detail"]["pid"]) == (
+        "slurmd_down", "cleared", second)
+    assert cleared["message"] == f"slurmd on gpu-001 runs again (pid {second})"
+    assert watcher.status()["restarts"] == 0
+
+
+def test_an_inactive_unit_whose_result_is_a_failure_is_restarted(node, systemd):
+    first = systemd.run_slurmd()
+    watcher = SlurmdWatcher(node_name="gpu-001")
+    first_check(watcher)
+    node.kill(first)
+    systemd.write(MainPID=0, ActiveState="inactive", SubState="dead", Result="signal")
+
+    [event] = watcher.check_once()
+
+    assert event["signature"] == "slurmd_restarted"
+    assert event["detail"]["command"] == "systemctl restart slurmd"
+    assert "restart slurmd" in node.calls("systemctl")
+
+
 def test_a_unit_systemd_is_starting_is_left_to_systemd(node, systemd):
     systemd.write(ActiveState="activating", SubState="auto-restart", MainPID=0)
     watcher = SlurmdWatcher(node_name="gpu-001")
@@ -642,6 +762,99 @@ def test_a_zombie_or_another_program_is_not_a_live_slurmd(node):
         foreground.wait()
     assert live_slurmd_started_at(os.getpid()) is None
     assert live_slurmd_started_at(foreground.pid) is None
+
+
+PROC_STAT_TAIL = (" S 1 4242 4242 0 -1 4194624 500 0 0 0 3 1 0 0 20 0 1 0 {ticks} "
+                  "11000000 900 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 3 0 0\n")
+
+
+def fake_proc(tmp_path, monkeypatch, processes, *, btime=1_700_000_000):
+    """A /proc of the test's own: /proc/stat with `btime` (None: no /proc/stat) and
+    /proc/<pid>/stat holding the bytes given for each pid."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    if btime is not None:
+        (proc / "stat").write_text(f"cpu  1 2 3 4\nbtime {btime}\nprocesses 9\n")
+    for pid, stat in processes.items():
+        (proc / str(pid)).mkdir()
+        (proc / str(pid) / "stat").write_bytes(stat)
+    monkeypatch.setattr(slurmd_module, "PROC", str(proc))
+    return proc
+
+
+def test_proc_bytes_that_are_not_utf8_do_not_break_the_reading(tmp_path, monkeypatch):
+    tick = os.sysconf("SC_CLK_TCK")
+    fake_proc(tmp_path, monkeypatch, {
+        4242: b"4242 (slurmd)" + PROC_STAT_TAIL.format(ticks=5 * tick).encode(),
+        4243: b"4243 (slurm\xffd \xfe)" + PROC_STAT_TAIL.format(ticks=tick).encode(),
+        4244: b"4244 (slurmd) S 1\n",  # cut short
+    })
+
+    assert live_slurmd_started_at(4242) == 1_700_000_005
+    assert live_slurmd_started_at(4243) is None
+    assert live_slurmd_started_at(4244) is None
+
+
+def test_a_pid_file_or_pid_1_comm_that_is_not_utf8_is_read_without_failing(node, tmp_path,
+                                                                          monkeypatch):
+    pid_file = tmp_path / "slurmd.pid"
+    pid_file.write_bytes(b"\xff\xfe4242\n")
+    assert slurmd_module.read_pid_file(str(pid_file)) is None
+    pid_file.write_bytes("\u00b2\n".encode())  # a digit to str.isdigit(), not to int()
+    assert slurmd_module.read_pid_file(str(pid_file)) is None
+    node.init_comm.write_bytes(b"syst\xffemd\n")
+    node.start_slurmd()
+    watcher = process_watcher(node)
+
+    first_check(watcher)
+
+    assert watcher.status()["watched_by"] == "process"
+
+
+def test_an_unreadable_proc_skips_the_check_and_restarts_nothing(node, tmp_path, monkeypatch,
+                                                                 caplog):
+    caplog.set_level(logging.WARNING)
+    pid = node.start_slurmd()
+    tick = os.sysconf("SC_CLK_TCK")
+    fake_proc(tmp_path, monkeypatch,
+              {pid: f"{pid} (slurmd)".encode() + PROC_STAT_TAIL.format(ticks=tick).encode()},
+              btime=None)
+    watcher = process_watcher(node)
+
+    assert watcher.check_once() == [] and watcher.check_once() == []
+
+    assert watcher.status() is None
+    assert node.calls("slurmd") == ["-N gpu-001"]  # only the test's own start
+    [record] = caplog.records
+    assert "slurmd's start time cannot be read" in record.getMessage()
+    ok, message = watcher.restart_now("gres.conf rewritten")
+    assert not ok and "cannot be read" in message
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "kill"])
+def test_a_signal_goes_only_to_the_slurmd_that_was_read(node, monkeypatch, pidfd):
+    if not pidfd:
+        monkeypatch.delattr(os, "pidfd_open")
+    pid = node.start_slurmd()
+    started_at = live_slurmd_started_at(pid)
+
+    # The pid now names another process (or the same pid started again): not signalled.
+    assert slurmd_module.signal_slurmd(pid, started_at + 1.0, signal.SIGKILL) is False
+    assert live_slurmd_started_at(pid) == started_at
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        assert slurmd_module.signal_slurmd(other.pid, started_at, signal.SIGKILL) is False
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+
+    assert slurmd_module.signal_slurmd(pid, started_at, signal.SIGKILL) is True
+    deadline = time.monotonic() + 5
+    while live_slurmd_started_at(pid) is not None:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert slurmd_module.signal_slurmd(pid, started_at, signal.SIGKILL) is False
 
 
 def test_a_restart_command_whose_child_keeps_its_output_does_not_hang():

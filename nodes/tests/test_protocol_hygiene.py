@@ -13,7 +13,8 @@ HYGIENE = {
                "last_restart_at": 1764441000.0, "watched_by": "process", "restart": True},
     "processes": {"zombies": 12, "orphans": 3, "tasks": 1800, "pid_max": 4194304,
                   "checked_at": 1764442000.0},
-    "gres": {"match": False, "nvml_gpus": 8, "slurm_gpus": 7, "checked_at": 1764442000.0},
+    "gres": {"match": False, "nvml_gpus": 8, "slurm_gpus": 7, "checked_at": 1764442000.0,
+             "not_compared": None},
 }
 SAMPLE = {"type": "sample", "seq": 3, "ts": 1764442000.1,
           "gpus": [{"uuid": "GPU-dd6e", "util_pct": 100}], "node": {"cpu_pct": 1.5},

@@ -174,3 +174,13 @@ def test_the_counts_come_from_the_report_not_its_cut_lists(client_for, viewer, n
     assert '<td class="num">12000</td>' in row
     assert '<td class="num">11990</td><td class="num">10</td>' in row
     assert "300 files" in row
+
+
+def test_gpus_in_mig_mode_are_not_compared_and_the_panel_says_why(client_for, viewer, node,
+                                                                 store):
+    report(node, store, hygiene={**HYGIENE, "gres": {
+        "match": None, "nvml_gpus": 8, "slurm_gpus": None, "checked_at": 1.0,
+        "not_compared": "MIG mode is on for GPU 0-7: Slurm counts MIG slices"}})
+    text = client_for(viewer).get(reverse("nodes:hygiene", args=[node.cluster.slug, node.name])
+                                  ).content.decode()
+    assert "Not compared: MIG mode is on for GPU 0-7" in text
