@@ -29,8 +29,9 @@ log = logging.getLogger(__name__)
 
 
 class Hygiene:
-    """The started hygiene watchers, their readings for the sample, and the commands they
-    carry out. parts: {sample key: a callable giving its reading, or None before one}."""
+    """The started hygiene watchers (the client polls them; agent.detectors.close_watchers
+    stops them with the rest), their readings for the sample, and the commands they carry
+    out. parts: {sample key: a callable giving its reading, or None before one}."""
 
     def __init__(self, *, watchers=(), parts=None, commands=None):
         self.watchers = list(watchers)
@@ -46,10 +47,6 @@ class Hygiene:
             if status is not None:
                 readings[part] = status
         return readings or None
-
-    def close(self):
-        for watcher in self.watchers:
-            watcher.close()
 
 
 class HygieneCommands:
@@ -110,11 +107,11 @@ class HygieneCommands:
 
 
 def make_hygiene(config, backend, *, job_every_s=None):
-    """The started Hygiene for this node; close it with close(). On NVML: the watchers
-    (none with hygiene off). On --simulate: agent/hygiene/simulated.py's simulation (with a
-    clean job ending about every `job_every_s`, when given), or, with hygiene asked for,
-    the real watchers on this machine's processes and Slurm daemons beside the simulated
-    GPUs (the tests), or none with hygiene off."""
+    """The started Hygiene for this node (close its watchers with the others'). On NVML:
+    the watchers (none with hygiene off). On --simulate: agent/hygiene/simulated.py's
+    simulation (with a clean job ending about every `job_every_s`, when given), or, with
+    hygiene asked for, the real watchers on this machine's processes and Slurm daemons
+    beside the simulated GPUs (the tests), or none with hygiene off."""
     from agent.backends.simulated import SimulatedBackend
     from agent.hygiene.simulated import SimulatedHygiene
 
