@@ -15,6 +15,7 @@ from django.test import Client
 
 from clusterui.roles import Role
 from clusterui.tests.factories import ClusterFactory, UserFactory
+from healthchecks.models import HealthEvent
 from nodes.choices import NodeState
 from nodes.models import Node
 from startup.models import ScriptRun
@@ -90,12 +91,15 @@ def test_boot_and_job_scripts_run_on_the_node_and_their_results_show(processes, 
     assert runs["job_start"].output_tail == f"prolog for job {job_id}\n"
     assert "DRAIN" not in slurm.run(["scontrol", "show", "node", "gpu-001", "-o"]).stdout
 
+    wait_until(lambda: HealthEvent.objects.filter(node=node, signature="job_cleanup").exists(),
+               timeout=30, what="the job's cleanup notice (the Epilog's node hygiene)")
     viewer = UserFactory(username="int-vera", role=Role.VIEWER)
     client = Client()
     client.force_login(viewer)
     page = client.get(node.get_absolute_url()).content.decode()
     assert "Startup script runs" in page and f"prolog for job {job_id}" in page
-    assert page.count(f'<td class="mono">{job_id}</td>') == 2
+    # Once for each of its two scripts, and once in the job ends (its cleanup's notice).
+    assert page.count(f'<td class="mono">{job_id}</td>') == 3
 
 
 def test_a_failing_job_start_script_drains_the_node_in_slurm(processes, slurm, tmp_path):

@@ -87,7 +87,8 @@ def test_a_stale_entry_says_so_and_a_node_without_slurm_or_reports_has_no_panel(
     bare = NodeFactory(cluster=cluster, name="k8s-001", slurm_state="")
     text = client_for(viewer).get(reverse("nodes:detail", args=[cluster.slug, bare.name])
                                   ).content.decode()
-    assert 'id="node-hygiene"' not in text
+    # Hidden until its agent reports: it polls, and appears when there is something to show.
+    assert 'id="node-hygiene" hidden' in text and "Node hygiene" not in text
 
 
 def test_restarts_and_job_cleanups_show_from_their_notices(client_for, viewer, node, store):
