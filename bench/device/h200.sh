@@ -37,4 +37,6 @@ step nccl 60 python3 -m agent.checks run nccl
 # The passive detectors on real NVML for 40 s, a bf16 matmul load in the middle of it.
 step detectors 120 python3 bench/device/watch.py --seconds 40 --load-from 10 --load-for 20
 step agent-cpu 150 python3 bench/agent_cpu.py --nvml --seconds 60
+# Node hygiene: minor numbers, and a job's GPU memory as NVML's compute processes show it.
+step hygiene 120 python3 bench/device/hygiene.py
 echo "outputs in $OUT"
