@@ -49,20 +49,6 @@ EPILOG = 'exec > >(exec cat >> "$1"); "$2" -c "$3" "$4" "$5" "$6"; echo "epilog:
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to end the job")
 
 
-@pytest.fixture(scope="module")
-def test_user():
-    """A throwaway user (uid >= 1000, no home), removed afterwards."""
-    name = f"cuitest{uuid.uuid4().hex[:8]}"
-    try:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-                       check=True, capture_output=True)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"cannot make a test user: {exc}")
-    yield pwd.getpwnam(name)
-    for _ in range(50):
-        if subprocess.run(["userdel", name], capture_output=True).returncode == 0:
-            break
-        time.sleep(0.1)  # "user is currently used by process": its last ones are going
 
 
 @pytest.fixture

@@ -27,14 +27,6 @@ DRIFT = "Slurm's view of gpu-011's GPUs differs from the hardware: gres.conf nam
 
 
 @pytest.fixture
-def enqueued(monkeypatch):
-    ids = []
-    monkeypatch.setattr("repairs.services.enqueue_step", ids.append)
-    monkeypatch.setattr("repairs.steps.enqueue_step", ids.append)
-    return ids
-
-
-@pytest.fixture
 def node(cluster, settings):
     settings.CLUSTERUI_BOOT_WINDOW_S = 0
     node = do_register_node(cluster, "gpu-011")

@@ -23,13 +23,6 @@ from repairs.steps import Done, do_abort_repair
 from repairs.transitions import Conflict
 
 
-@pytest.fixture
-def enqueued(monkeypatch):
-    ids = []
-    monkeypatch.setattr("repairs.services.enqueue_step", ids.append)
-    monkeypatch.setattr("repairs.steps.enqueue_step", ids.append)
-    return ids
-
 
 def running_repair(cluster, operator, name="gpu-009"):
     RepairSettings.objects.get_or_create(cluster=cluster, defaults={"provider": "simulated",

@@ -24,14 +24,6 @@ GPUS = [{"index": i, "uuid": f"GPU-{i:04d}", "name": "NVIDIA H200",
         for i in range(8)]
 
 
-@pytest.fixture
-def enqueued(monkeypatch):
-    """Step ids enqueued (on commit), in order, instead of Celery."""
-    ids = []
-    monkeypatch.setattr("repairs.services.enqueue_step", ids.append)
-    monkeypatch.setattr("repairs.steps.enqueue_step", ids.append)
-    return ids
-
 
 @pytest.fixture
 def node(cluster, settings, tmp_path):

@@ -12,7 +12,7 @@ from healthchecks.services import do_record_health_event
 from nodes.tests.factories import GpuFactory, NodeFactory
 from repairs.choices import Action, Status, StepKind, StepStatus
 from schedulers import ExecutorError, Job
-from repairs.models import RepairSettings, RepairStep
+from repairs.models import RepairStep
 from repairs.services import refresh_recommendation, settings_for
 from repairs.tests.factories import RepairFactory
 
