@@ -3,8 +3,9 @@ signed-in user who holds no role at all."""
 
 import pytest
 
-from clusterui.roles import Role
-from clusterui.tests.factories import ClusterFactory, UserFactory
+from clusters.roles import Role
+from clusters.tests.factories import ClusterFactory, UserFactory
+from nodes.services import do_issue_join_token
 
 
 @pytest.fixture
@@ -42,3 +43,17 @@ def client_for(client):
         return client
 
     return sign_in
+
+
+@pytest.fixture
+def in_memory_channel_layer(settings):
+    """The channel layer in this process's memory, and no publisher of its own (tested on
+    its own in nodes/tests/test_live.py): the agent-socket tests run without Redis."""
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    settings.CLUSTERUI_PUBLISHER = False
+
+
+@pytest.fixture
+def join_token(cluster):
+    """A join token of the `cluster` fixture, in plain text."""
+    return do_issue_join_token(cluster)[1]

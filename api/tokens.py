@@ -8,7 +8,7 @@ from datetime import timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from clusterui.services import record_audit
+from clusters.services import record_audit
 
 from .models import ApiToken
 

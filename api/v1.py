@@ -21,9 +21,9 @@ from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationEr
 from ninja.security import HttpBearer
 from ninja.throttling import AuthRateThrottle
 
-from clusterui.models import AuditEntry, Cluster
-from clusterui.roles import Role, has_role
-from clusterui.services import record_audit
+from clusters.models import AuditEntry, Cluster
+from clusters.roles import Role, has_role
+from clusters.services import record_audit
 from healthchecks.filters import CheckRunFilter, HealthEventFilter
 from healthchecks.forms import RunCheckForm, SilenceForm
 from healthchecks.models import CheckRun, HealthEvent
@@ -31,7 +31,7 @@ from healthchecks.queries import worst_open_signals
 from healthchecks.services import do_acknowledge_event, do_request_checks, do_silence_signature
 from jobs.models import Job
 from nodes.filters import NodeFilter
-from nodes.live import get_live_store
+from nodes.live_store import get_live_store
 from nodes.models import AgentCommand, Node
 from nodes.queries import live_numbers
 from nodes.services import do_pause_node, do_resume_node, do_send_command

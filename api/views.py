@@ -6,7 +6,7 @@ from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from clusterui.roles import Role, has_role, require_role
+from clusters.roles import Role, has_role, require_role
 
 from .forms import ApiTokenForm
 from .models import ApiToken

@@ -33,16 +33,16 @@ from websockets.exceptions import ConnectionClosed
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from agent import protocol  # noqa: E402
-from agent.backends.simulated import SimulatedBackend  # noqa: E402
+from agent.connection import protocol  # noqa: E402
+from agent.sim.backend import SimulatedBackend  # noqa: E402
 from agent.node_metrics import NodeMetrics  # noqa: E402
 
 WARM_UP_S = 5.0  # imports and the first connection are not what we measure
 
 FLOOR_PROGRAM = """
 import asyncio
-from agent import protocol
-from agent.backends.simulated import SimulatedBackend
+from agent.connection import protocol
+from agent.sim.backend import SimulatedBackend
 
 async def main():
     gpus = SimulatedBackend("floor", gpu_count=8).read_gpus()

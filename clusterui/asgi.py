@@ -7,7 +7,7 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
-from nodes.routing import websocket_urlpatterns  # noqa: E402
+from gateway.routing import websocket_urlpatterns  # noqa: E402
 
 from clusterui import gc_tuning  # noqa: E402
 

@@ -1,5 +1,5 @@
-from .models import Cluster
-from .roles import Role, role_of
+from clusters.models import Cluster
+from clusters.roles import Role, role_of
 
 
 def console(request):

@@ -7,8 +7,9 @@ from django.shortcuts import resolve_url
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.utils.functional import cached_property
-from django.utils.http import url_has_allowed_host_and_scheme
 from mozilla_django_oidc.middleware import SessionRefresh
+
+from common.redirects import is_this_sites
 
 
 class VaryOnHtmxMiddleware:
@@ -71,9 +72,7 @@ def sign_in_url_for_htmx(request):
     """The sign-in URL, coming back to the page htmx made the request from."""
     sign_in = resolve_url(settings.LOGIN_URL)
     current = request.headers.get("HX-Current-URL", "")
-    if not url_has_allowed_host_and_scheme(
-        current, allowed_hosts={request.get_host()}, require_https=request.is_secure()
-    ):
+    if not is_this_sites(request, current):
         return sign_in
     parts = urlsplit(current)
     page = parts.path + (f"?{parts.query}" if parts.query else "")

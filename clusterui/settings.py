@@ -18,8 +18,6 @@ import dj_database_url
 from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
-from clusterui.roles import Role
-
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -142,14 +140,17 @@ INSTALLED_APPS = [
     "django_filters",
     "csp",
     "channels",
-    "clusterui",
+    "clusters",
     "nodes",
     "healthchecks",
     "jobs",
     "repairs",
     "startup",
     "notifications",
+    "overview",
+    "gateway",
     "api",
+    "demo",
 ]
 
 MIDDLEWARE = [
@@ -215,39 +216,6 @@ def envendpoint(name):
     return value
 
 
-def parse_role_groups(name, value):
-    """'admin=platform-admins,operator=platform-oncall,viewer=ml-engineers;researchers'
-    -> {"platform-admins": "admin", "platform-oncall": "operator", ...}
-
-    Roles are separated by commas, a role's IdP groups by semicolons. A group maps to one
-    role; a user in several mapped groups gets the highest of their roles."""
-    role_names = [role.group_name for role in Role]
-    mapping, roles_seen = {}, set()
-    for entry in (part.strip() for part in value.split(",")):
-        if not entry:
-            continue
-        role, equals, groups = (part.strip() for part in entry.partition("="))
-        if not equals:
-            raise ImproperlyConfigured(f"{name}: {entry!r} is not role=group;group")
-        if role not in role_names:
-            raise ImproperlyConfigured(
-                f"{name}: unknown role {role!r} in {entry!r} (roles: {', '.join(role_names)})")
-        if role in roles_seen:
-            raise ImproperlyConfigured(
-                f"{name}: {role} is given twice; separate its groups with semicolons")
-        roles_seen.add(role)
-        for group in (g.strip() for g in groups.split(";")):
-            if not group:
-                raise ImproperlyConfigured(f"{name}: an empty group name in {entry!r}")
-            if group in mapping:
-                raise ImproperlyConfigured(
-                    f"{name}: group {group!r} is mapped to both {mapping[group]} and {role}")
-            mapping[group] = role
-    if not mapping:
-        raise ImproperlyConfigured(f"{name} maps no IdP group to a role")
-    return mapping
-
-
 CLUSTERUI_OIDC_ISSUER = envendpoint("CLUSTERUI_OIDC_ISSUER") or ""
 CLUSTERUI_OIDC_ENABLED = bool(CLUSTERUI_OIDC_ISSUER)
 OIDC_OP_AUTHORIZATION_ENDPOINT = envendpoint("CLUSTERUI_OIDC_AUTHORIZATION_ENDPOINT")
@@ -291,11 +259,11 @@ if client_auth not in ("client_secret_basic", "client_secret_post"):
         f"CLUSTERUI_OIDC_CLIENT_AUTH must be client_secret_basic or client_secret_post, "
         f"got {client_auth!r}")
 OIDC_TOKEN_USE_BASIC_AUTH = client_auth == "client_secret_basic"
-# The claim that lists the user's IdP groups, and which groups give which role.
+# The claim that lists the user's IdP groups, and which groups give which role:
+# "admin=platform-admins,operator=platform-oncall,viewer=ml-engineers;researchers" (read by
+# clusters.oidc.role_groups(), which the clusters app checks at start-up).
 CLUSTERUI_OIDC_GROUPS_CLAIM = envstr("CLUSTERUI_OIDC_GROUPS_CLAIM", "groups")
-CLUSTERUI_OIDC_ROLE_GROUPS = (
-    parse_role_groups("CLUSTERUI_OIDC_ROLE_GROUPS", role_groups) if CLUSTERUI_OIDC_ENABLED
-    else {})
+CLUSTERUI_OIDC_ROLE_GROUPS = role_groups if CLUSTERUI_OIDC_ENABLED else ""
 # Every this many seconds a signed-in user's next page load goes by the provider again
 # (silently while their IdP session lasts), which also re-syncs their role.
 OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = envint("CLUSTERUI_OIDC_RENEW_S", 900)
@@ -303,7 +271,7 @@ OIDC_STORE_ID_TOKEN = True  # the id_token_hint of the provider's sign-out
 OIDC_EXEMPT_URLS = ["login", "logout", "break_glass", "sign_in_failed", "signed_out"]
 LOGIN_REDIRECT_URL_FAILURE = "sign_in_failed"
 AUTHENTICATION_BACKENDS = (
-    ["clusterui.oidc.OIDCBackend"] if CLUSTERUI_OIDC_ENABLED else []
+    ["clusters.oidc.OIDCBackend"] if CLUSTERUI_OIDC_ENABLED else []
 ) + ["django.contrib.auth.backends.ModelBackend"]
 # Browsers hold form-action to the redirects after a form too: sign-out (a form) ends at the
 # provider's end_session endpoint, and a form sent after the session ended at its sign-in.
@@ -313,12 +281,12 @@ OIDC_FORM_ACTION_ORIGINS = sorted({
 })
 # The break-glass sign-in for local admin accounts on /accounts/break-glass/ (404 when off).
 CLUSTERUI_BREAK_GLASS = envbool("CLUSTERUI_BREAK_GLASS", True)
-# Password guessing (local form and break-glass; clusterui/sign_in_limits.py): an account
+# Password guessing (local form and break-glass; clusters/sign_in_limits.py): an account
 # name is locked from one address after this many refusals within the window, and an
 # address after ..._PER_ADDRESS over all names.
 # Behind proxies or load balancers: their addresses or networks, whose X-Forwarded-For is
 # believed. A request's client is the rightmost X-Forwarded-For address that is not one of
-# them (clusterui.services.client_ip); the leftmost is whatever the client wrote. Empty:
+# them (clusters.services.client_ip); the leftmost is whatever the client wrote. Empty:
 # the socket's peer. It is the address of the audit trail and of the sign-in limits.
 CLUSTERUI_TRUSTED_PROXIES = envnetworks("CLUSTERUI_TRUSTED_PROXIES")
 CLUSTERUI_SIGN_IN_MAX_FAILURES = envint("CLUSTERUI_SIGN_IN_MAX_FAILURES", 5)
@@ -498,13 +466,13 @@ CLUSTERUI_HEARTBEAT_INTERVALS = envint("CLUSTERUI_HEARTBEAT_INTERVALS", 3)
 CLUSTERUI_HEARTBEAT_GRACE_S = envint("CLUSTERUI_HEARTBEAT_GRACE_S", 30)
 # Per-minute rollups are kept this long (long-term history belongs in Prometheus).
 CLUSTERUI_ROLLUP_RETENTION_DAYS = envint("CLUSTERUI_ROLLUP_RETENTION_DAYS", 30)
-# Rows of the change feed (clusterui/changes.py) are kept this long.
+# Rows of the change feed (clusters/change_feed.py) are kept this long.
 CLUSTERUI_CHANGE_RETENTION_DAYS = envint("CLUSTERUI_CHANGE_RETENTION_DAYS", 7)
 # How long an agent event's id is remembered (a resend within it is acked, not stored twice).
 CLUSTERUI_EVENT_RECEIPT_RETENTION_DAYS = envint("CLUSTERUI_EVENT_RECEIPT_RETENTION_DAYS", 30)
 # Bearer token Prometheus presents at /metrics; /metrics is off while it is unset.
 CLUSTERUI_METRICS_TOKEN = envsecret("CLUSTERUI_METRICS_TOKEN")
-# The secrets store's keys (clusterui/secrets.py): Fernet keys, comma-separated, the first
+# The secrets store's keys (clusters/secret_store.py): Fernet keys, comma-separated, the first
 # encrypts and every one decrypts (add a new key first, run `manage.py rotate_secrets`, then
 # drop the old one). From CLUSTERUI_SECRETS_KEYS or the file CLUSTERUI_SECRETS_KEYS_FILE
 # names; never the database. Embedded mode without one: a key file in the data dir, made

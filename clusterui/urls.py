@@ -3,35 +3,38 @@ from django.urls import include, path
 
 from api import views as api_views
 from api.urls import urlpatterns as api_patterns
-from nodes.views import metrics
+from clusters import accounts, oidc
+from clusters import views as cluster_views
+from gateway.views import metrics
+from overview import views as overview_views
 
-from . import accounts, oidc, views
+from . import views
 
 cluster_patterns = [
-    path("clusters/", views.cluster_list, name="cluster_list"),
-    path("clusters/new/", views.cluster_create, name="cluster_create"),
-    path("audit/", views.audit_list, name="audit"),
-    path("audit/export.csv", views.audit_csv, name="audit_csv"),
-    path("secrets/", views.secrets_page, name="secrets"),
-    path("secrets/<str:secret>/delete/", views.secret_delete, name="secret_delete"),
-    path("c/<slug:slug>/", views.overview, name="overview"),
-    path("c/<slug:slug>/settings/", views.cluster_settings, name="cluster_settings"),
-    path("c/<slug:slug>/settings/join-tokens/", views.join_token_create,
+    path("clusters/", overview_views.cluster_list, name="cluster_list"),
+    path("clusters/new/", overview_views.cluster_create, name="cluster_create"),
+    path("audit/", cluster_views.audit_list, name="audit"),
+    path("audit/export.csv", cluster_views.audit_csv, name="audit_csv"),
+    path("secrets/", cluster_views.secrets_page, name="secrets"),
+    path("secrets/<str:secret>/delete/", cluster_views.secret_delete, name="secret_delete"),
+    path("c/<slug:slug>/", overview_views.overview, name="overview"),
+    path("c/<slug:slug>/settings/", overview_views.cluster_settings, name="cluster_settings"),
+    path("c/<slug:slug>/settings/join-tokens/", overview_views.join_token_create,
          name="join_token_create"),
-    path("c/<slug:slug>/settings/rejoin/open/", views.cluster_rejoin_open,
+    path("c/<slug:slug>/settings/rejoin/open/", overview_views.cluster_rejoin_open,
          name="cluster_rejoin_open"),
-    path("c/<slug:slug>/settings/rejoin/close/", views.cluster_rejoin_close,
+    path("c/<slug:slug>/settings/rejoin/close/", overview_views.cluster_rejoin_close,
          name="cluster_rejoin_close"),
-    path("c/<slug:slug>/settings/join-tokens/<uuid:public_id>/revoke/", views.join_token_revoke,
+    path("c/<slug:slug>/settings/join-tokens/<uuid:public_id>/revoke/", overview_views.join_token_revoke,
          name="join_token_revoke"),
-    path("c/<slug:slug>/kubernetes/", views.kubernetes_access, name="kubernetes_access"),
-    path("c/<slug:slug>/kubernetes/kubeconfig/", views.kubeconfig_download,
+    path("c/<slug:slug>/kubernetes/", cluster_views.kubernetes_access, name="kubernetes_access"),
+    path("c/<slug:slug>/kubernetes/kubeconfig/", cluster_views.kubeconfig_download,
          name="kubeconfig_download"),
 ]
 
 urlpatterns = [
     path("", views.home, name="home"),
-    # Sign-in and sign-out (clusterui/accounts.py, clusterui/oidc.py); the OIDC names are
+    # Sign-in and sign-out (clusters/accounts.py, clusters/oidc.py); the OIDC names are
     # the ones mozilla-django-oidc reverses.
     path("accounts/login/", accounts.sign_in, name="login"),
     path("accounts/logout/", accounts.sign_out, name="logout"),

@@ -7,7 +7,7 @@ from common.timerange import (TimeRangeFilterForm, TimeRangeFilterMixin, period_
                                  since_filter, until_filter)
 
 from .choices import Severity, Source
-from .checks import CHECKS
+from .check_catalog import CHECKS
 from .models import CheckRun, HealthEvent
 
 

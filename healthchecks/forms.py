@@ -1,6 +1,8 @@
 from django import forms
 
-from .checks import ACCEPTANCE_CHECKS, CHECKS
+from nodes.forms import BulkNodesForm
+
+from .check_catalog import ACCEPTANCE_CHECKS, CHECKS
 from .models import CheckRun
 
 
@@ -16,6 +18,19 @@ class SilenceForm(forms.Form):
 ACCEPTANCE_BATTERY = "acceptance"
 
 
+def check_choices():
+    """Every check by name, and "acceptance": the whole battery."""
+    return [*((check.name, check.label) for check in CHECKS.values()),
+            (ACCEPTANCE_BATTERY, "Acceptance tests (the whole battery)")]
+
+
+def checks_and_purpose(choice):
+    """What a check choice runs: the acceptance battery, or that one check on demand."""
+    if choice == ACCEPTANCE_BATTERY:
+        return ACCEPTANCE_CHECKS, CheckRun.Purpose.ACCEPTANCE
+    return (choice,), CheckRun.Purpose.ON_DEMAND
+
+
 class RunCheckForm(forms.Form):
     """Which check to run on which node of the cluster; "acceptance" runs the whole battery."""
 
@@ -25,10 +40,7 @@ class RunCheckForm(forms.Form):
     def __init__(self, *args, cluster, **kwargs):
         super().__init__(*args, **kwargs)
         self.cluster = cluster
-        self.fields["check"].choices = [
-            *((check.name, check.label) for check in CHECKS.values()),
-            (ACCEPTANCE_BATTERY, "Acceptance tests (the whole battery)"),
-        ]
+        self.fields["check"].choices = check_choices()
 
     def clean_node(self):
         name = self.cleaned_data["node"]
@@ -38,6 +50,17 @@ class RunCheckForm(forms.Form):
         return node
 
     def checks_and_purpose(self):
-        if self.cleaned_data["check"] == ACCEPTANCE_BATTERY:
-            return ACCEPTANCE_CHECKS, CheckRun.Purpose.ACCEPTANCE
-        return (self.cleaned_data["check"],), CheckRun.Purpose.ON_DEMAND
+        return checks_and_purpose(self.cleaned_data["check"])
+
+
+class BulkCheckForm(BulkNodesForm):
+    """The Nodes list's "run a check" on the selected nodes: the same choices as one node's."""
+
+    check = forms.ChoiceField()
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["check"].choices = check_choices()
+
+    def checks_and_purpose(self):
+        return checks_and_purpose(self.cleaned_data["check"])

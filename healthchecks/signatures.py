@@ -1,6 +1,6 @@
 """The catalog of health signatures: what each one means, where it comes from and how it
 closes (DESIGN.md "Health" and "Node hygiene"; agent/README.md has the agent's side). Xids
-are one entry here; their meanings come from NVIDIA's catalog (healthchecks.catalog).
+are one entry here; their meanings come from NVIDIA's catalog (healthchecks.xid_catalog).
 repairs.policy holds the default repair of each.
 
 A *notice* records a happening, not a condition: slurmd restarted, a job's leftovers

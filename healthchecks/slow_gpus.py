@@ -1,7 +1,7 @@
 """Slow GPU, a passive rule on the server: a GPU much slower than its peers under the same load.
 
 Pure: live samples in, decisions out; no database, no clock, no settings. The live publisher
-(nodes/publisher.py) runs it once a second per cluster, the one place that sees every node's
+(gateway/publisher.py) runs it once a second per cluster, the one place that sees every node's
 latest sample, and writes the decisions through the health event services.
 
 The rule, per cluster and GPU model (Gpu.name):
@@ -73,7 +73,7 @@ class SlowGpuWatch:
         limits = self.limits
         # Two passes, and no object made per GPU unless it is slow or its event is open: with
         # 16,000 GPUs a tick, short-lived tuples by the thousand would wake the garbage
-        # collector, which then scans the whole process (see nodes/live.py).
+        # collector, which then scans the whole process (see nodes/live_store.py).
         clocks = {}  # model -> SM clocks of its GPUs at load
         for entry in entries:
             for gpu in entry["gpus"]:

@@ -5,16 +5,20 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from clusterui.queries import get_cluster_for_user
-from clusterui.roles import Role, require_role
+from clusters.queries import get_cluster_for_user
+from clusters.roles import Role, require_role
+from nodes.queries import get_node_for_user, gpu_inventory_context
+from nodes.responses import bulk_response, bulk_summary
 
-from .catalog import catalog
+from .gpu_lost import do_accept_gpu_inventory
+from .xid_catalog import catalog
 from .filters import CheckRunFilter, HealthEventFilter
-from .forms import ResolveForm, RunCheckForm, SilenceForm
+from .forms import BulkCheckForm, ResolveForm, RunCheckForm, SilenceForm
 from .models import CheckRun, HealthEvent
 from .queries import check_runs_context, open_events_by_signature
 from .services import (
     do_acknowledge_event,
+    do_bulk_request_checks,
     do_request_checks,
     do_resolve_event,
     do_silence_signature,
@@ -134,3 +138,39 @@ def run_check(request, slug):
     context = check_runs_context(cluster, node.check_runs.select_related(
         "node", "requested_by", "health_event"), params, node=node)
     return render(request, "healthchecks/_check_runs.html", context)
+
+
+@require_POST
+@require_role(Role.OPERATOR)
+def bulk_check(request, slug):
+    cluster = get_cluster_for_user(request, slug)
+    form = BulkCheckForm(request.POST, cluster=cluster)
+    if form.is_valid():
+        names, purpose = form.checks_and_purpose()
+        started = do_bulk_request_checks(form.cleaned_data["nodes"], names, purpose=purpose,
+                                         actor=request.user, request=request)
+        messages.success(request, bulk_summary(f"started {form.cleaned_data['check']} on", started,
+                                           "already running it"))
+    return bulk_response(request, cluster, form)
+
+
+
+@require_POST
+@require_role(Role.OPERATOR)
+def node_accept_gpu_inventory(request, slug, name):
+    """The node's latest hello becomes its GPU inventory (DESIGN.md: gpu_lost)."""
+    node = get_node_for_user(request, slug, name)
+    review = do_accept_gpu_inventory(node, actor=request.user, request=request)
+    if review.acceptable:
+        closed = len(review.gpu_lost)
+        messages.success(request, f"{node.name}: GPU inventory accepted"
+                         + (f", {closed} gpu_lost closed." if closed else "."))
+    else:
+        messages.info(request, f"{node.name}: nothing to accept"
+                      + (f" ({review.problem})." if review.problem else "."))
+    if not request.htmx:
+        return redirect(node)
+    context = {"cluster": node.cluster, "node": node, "inventory_response": True,
+               **gpu_inventory_context(node)}
+    return render(request, "nodes/detail.html#gpu-inventory", context)
+

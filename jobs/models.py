@@ -1,6 +1,6 @@
 from django.db import models
 
-from clusterui.models import Cluster
+from clusters.models import Cluster
 
 
 class Job(models.Model):

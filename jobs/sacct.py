@@ -9,14 +9,12 @@ one odd job (a name sacct printed with a newline in it, a host list it cannot ex
 not stop a cluster's accounting.
 """
 
-import os
 import re
-import subprocess
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from schedulers import ExecutorError
-from schedulers.slurm import gpus_from_tres
+from schedulers.slurm import gpus_from_tres, run_slurm_command
 
 SACCT_FIELDS = ("JobID", "JobName", "User", "Account", "Partition", "NodeList", "AllocTRES",
                 "Start", "End", "State", "ExitCode", "Elapsed")
@@ -48,24 +46,12 @@ def run_sacct(slurm_conf, since, until, timeout_s=SACCT_TIMEOUT_S):
     argv = ["sacct", "-a", "-X", "-P", "-n", f"--format={','.join(SACCT_FIELDS)}",
             "-S", since.astimezone(timezone.utc).strftime(TIME_FORMAT),
             "-E", until.astimezone(timezone.utc).strftime(TIME_FORMAT)]
-    env = {**os.environ, "TZ": "UTC", "SLURM_TIME_FORMAT": TIME_FORMAT}
-    if slurm_conf:
-        env["SLURM_CONF"] = str(slurm_conf)
-    command = " ".join(argv)
-    try:
-        result = subprocess.run(argv, env=env, capture_output=True, text=True,
-                                timeout=timeout_s, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as exc:
-        raise ExecutorError(f"{command}: no answer within {timeout_s:g} s") from exc
-    except OSError as exc:
-        raise ExecutorError(f"{command}: cannot run: {exc}") from exc
-    if result.returncode != 0:
-        tail = (result.stderr.strip() or result.stdout.strip())[-500:]
-        raise ExecutorError(f"{command} exited with status {result.returncode}: {tail}")
+    result = run_slurm_command(argv, slurm_conf=slurm_conf, timeout_s=timeout_s,
+                               env={"TZ": "UTC", "SLURM_TIME_FORMAT": TIME_FORMAT})
     # Without slurmdbd sacct says so on stderr and exits 0: that is no accounting, not
     # "no jobs", and must not move the cursor.
     if "accounting storage is disabled" in result.stderr:
-        raise ExecutorError(f"{command}: {result.stderr.strip()[-500:]}")
+        raise ExecutorError(f"{' '.join(argv)}: {result.stderr.strip()[-500:]}")
     return result.stdout
 
 

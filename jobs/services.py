@@ -18,7 +18,7 @@ from django.db import transaction
 from django.db.models import Min, Q
 from django.utils import timezone
 
-from clusterui.models import Cluster
+from clusters.models import Cluster
 from schedulers import ExecutorError
 
 from .models import ImportCursor, Job, JobNode

@@ -6,8 +6,8 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from clusterui.queries import get_cluster_for_user
-from clusterui.roles import Role, require_role
+from clusters.queries import get_cluster_for_user
+from clusters.roles import Role, require_role
 from common.exports import csv_response, invalid_filters_response
 
 from .accounting import cost, gpu_seconds_in_period, overlapping, usage_by_user_and_account

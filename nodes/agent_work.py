@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.utils import timezone
 
-from clusterui.changes import Kind, record_change
+from clusters.change_feed import Kind, record_change
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,5 @@
 from django import forms
 
-from healthchecks.checks import ACCEPTANCE_CHECKS
-from healthchecks.forms import ACCEPTANCE_BATTERY, RunCheckForm
-from healthchecks.models import CheckRun
-
 from . import maintenance
 from .choices import NodeRole
 from .services import REJOIN_MAX_HOURS
@@ -49,20 +45,6 @@ class BulkPauseForm(BulkNodesForm):
 
 class BulkRoleForm(BulkNodesForm):
     role = forms.ChoiceField(choices=NodeRole.choices, error_messages=ROLE_ERRORS)
-
-
-class BulkCheckForm(BulkNodesForm):
-    check = forms.ChoiceField()
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        # The same choices as a single node's "run a check" (the acceptance battery included).
-        self.fields["check"].choices = RunCheckForm(cluster=None).fields["check"].choices
-
-    def checks_and_purpose(self):
-        if self.cleaned_data["check"] == ACCEPTANCE_BATTERY:
-            return ACCEPTANCE_CHECKS, CheckRun.Purpose.ACCEPTANCE
-        return (self.cleaned_data["check"],), CheckRun.Purpose.ON_DEMAND
 
 
 class MaintenanceWindowForm(forms.Form):
@@ -129,3 +111,13 @@ class MaintenanceWindowChangeForm(forms.Form):
         if ends is not None and ends <= self.window.starts_at:
             raise forms.ValidationError("It must end after it starts.")
         return ends
+
+
+class JoinTokenForm(forms.Form):
+    note = forms.CharField(max_length=200, required=False,
+                           help_text="What it is for, e.g. 'rack 12 provisioning'.")
+    expires_in_hours = forms.IntegerField(
+        min_value=1, max_value=24 * 365, initial=24,
+        help_text="It stops working after this many hours (a leaked one does not last).")
+    single_use = forms.BooleanField(
+        required=False, help_text="It stops working once one node has joined with it.")

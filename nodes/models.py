@@ -5,7 +5,7 @@ from django.core.validators import RegexValidator
 from django.db import models
 from django.urls import reverse
 
-from clusterui.models import Cluster
+from clusters.models import Cluster
 
 from .choices import STATE_COLOURS, NodeRole, NodeState
 

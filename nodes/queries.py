@@ -1,6 +1,7 @@
 """The reads behind the Nodes tab and the node page: the node a URL names, the list or grid
-with live numbers (one read of the live store) and worst open signals (one query), the
-node page's charts, SSH command and GPU inventory review."""
+with live numbers (one read of the live store), the node page's charts, SSH command and
+GPUs. Health's parts of these pages (worst open signals, events, checks) come from its
+template tags (healthchecks/templatetags/health.py)."""
 
 import time
 from datetime import UTC, datetime, timedelta
@@ -11,18 +12,14 @@ from django.db.models import Count, Q
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
-from clusterui.models import SSH_PLACEHOLDER
-from clusterui.queries import get_cluster_for_user
-from healthchecks.forms import RunCheckForm
-from healthchecks.inventory import review_gpu_inventory
-from healthchecks.queries import open_events_by_signature, worst_open_signals
+from clusters.models import SSH_PLACEHOLDER
+from clusters.queries import get_cluster_for_user
 
 from . import maintenance
 from .choices import NodeRole
 from .filters import DB_SORTS, LIVE_SORTS, SORT_CHOICES, NodeFilter
-from .live import get_live_store
+from .live_store import get_live_store, stale_after_s
 from .models import AgentCommand, MaintenanceWindow, Node, NodeRollup
-from .publisher import stale_after_s
 from .rollups import reading
 
 NODES_PAGE_SIZE = 50
@@ -36,7 +33,7 @@ def get_node_for_user(request, slug, name):
 
 def node_list_context(cluster, params):
     """The Nodes tab's list or grid for `params` (filters, sort, view, page): its nodes with
-    their live numbers (one read of the live store) and worst open signal (one query)."""
+    their live numbers (one read of the live store)."""
     nodes = Node.objects.filter(cluster=cluster).annotate(
         gpu_count=Count("gpus", filter=Q(gpus__removed_at__isnull=True)))
     node_filter = NodeFilter(params, queryset=nodes)
@@ -54,10 +51,8 @@ def node_list_context(cluster, params):
         page = Paginator(matching.order_by(*DB_SORTS[sort]), NODES_PAGE_SIZE).get_page(
             params.get("page"))
         shown = page.object_list
-    signals = worst_open_signals(cluster, [node.pk for node in shown] if page else None)
     for node in shown:
         node.live = live.get(node.pk)
-        node.worst_signal = signals.get(node.pk, "")
         # The grid tile's fill: utilization in tenths (class u0..u10; none without a sample).
         util = node.live and node.live["util_mean"]
         node.fill = None if util is None else min(10, max(0, round(util / 10)))
@@ -65,9 +60,7 @@ def node_list_context(cluster, params):
     query.pop("page", None)
     return {"filter": node_filter, "page": page, "nodes": shown, "view": view, "sort": sort,
             "sort_choices": SORT_CHOICES, "list_query": query.urlencode(),
-            "bulk_checks": RunCheckForm(cluster=None).fields["check"].choices,
             "node_roles": NodeRole.choices,
-            "open_signatures": [row["signature"] for row in open_events_by_signature(cluster)],
             "filtered": any(params.get(key) for key in NodeFilter.base_filters)}
 
 
@@ -141,7 +134,8 @@ def ssh_command(node, user):
 
 
 def gpu_inventory_context(node):
-    return {"gpus": node.gpus.in_inventory(), "inventory_review": review_gpu_inventory(node)}
+    """The node page's GPUs (health's tag adds how the latest hello differs from them)."""
+    return {"gpus": node.gpus.in_inventory()}
 
 
 def grafana_url(node):

@@ -24,8 +24,8 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from clusterui.changes import Kind, record_changes
-from clusterui.services import actor_name
+from clusters.change_feed import Kind, record_changes
+from clusters.services import actor_name
 
 from .choices import NodeState
 from .models import Node, NodeTransition

@@ -1,28 +1,18 @@
-import hmac
 import time
 from datetime import timedelta
 
-from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth.decorators import login_not_required
-from django.http import HttpResponse, JsonResponse, QueryDict
+from django.http import JsonResponse
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect, render
-from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from clusterui.queries import get_cluster_for_user
-from clusterui.roles import Role, has_role, require_role
-from healthchecks.forms import RunCheckForm
-from healthchecks.inventory import do_accept_gpu_inventory
-from healthchecks.queries import check_runs_context
-from healthchecks.services import do_bulk_request_checks
-from repairs.queries import node_repairs_context
+from clusters.queries import get_cluster_for_user
+from clusters.roles import Role, has_role, require_role
 
 from .choices import NodeRole
 from .forms import (
-    BulkCheckForm,
     BulkNodesForm,
     BulkPauseForm,
     BulkRoleForm,
@@ -33,10 +23,9 @@ from .forms import (
     RejoinForm,
     RemoveNodeForm,
 )
-from .live import get_live_store
-from .metrics import render_metrics
+from .live_store import get_live_store, stale_after_s
 from .models import AgentCommand, MaintenanceWindow
-from .publisher import stale_after_s
+from .responses import bulk_response, bulk_summary, node_status_or_redirect
 from .queries import (
     CHART_METRICS,
     chart_series,
@@ -83,17 +72,12 @@ def node_detail(request, slug, name):
         "tab": "nodes",
         "node": node,
         **gpu_inventory_context(node),
-        "open_events": node.health_events.open().select_related("gpu"),
         "transitions": node.transitions.all()[:50],
         "pause_form": PauseNodeForm(),
         "rejoin_form": RejoinForm(),
         "rejoin_opening": rejoin_opening(node, timezone.now()),
         "node_roles": NodeRole.choices,
         "grafana_url": grafana_url(node),
-        "run_form": RunCheckForm(cluster=node.cluster),
-        **check_runs_context(node.cluster, node.check_runs.select_related(
-            "node", "requested_by", "health_event"), QueryDict(f"node={node.name}"), node=node),
-        **node_repairs_context(node),
         **hygiene_context(node),
         "ssh_command": ssh_command(node, request.user),
         "chart_range": request.GET.get("range") if request.GET.get("range") in CHART_RANGES
@@ -163,7 +147,7 @@ def node_pause(request, slug, name):
         messages.success(request, f"{node.name} paused.")
     else:
         messages.info(request, f"{node.name} was already paused.")
-    return _node_status_or_redirect(request, node)
+    return node_status_or_redirect(request, node)
 
 
 @require_POST
@@ -174,27 +158,7 @@ def node_resume(request, slug, name):
         messages.success(request, f"{node.name} resumed.")
     else:
         messages.info(request, f"{node.name} was not paused.")
-    return _node_status_or_redirect(request, node)
-
-
-@require_POST
-@require_role(Role.OPERATOR)
-def node_accept_gpu_inventory(request, slug, name):
-    """The node's latest hello becomes its GPU inventory (DESIGN.md: gpu_lost)."""
-    node = get_node_for_user(request, slug, name)
-    review = do_accept_gpu_inventory(node, actor=request.user, request=request)
-    if review.acceptable:
-        closed = len(review.gpu_lost)
-        messages.success(request, f"{node.name}: GPU inventory accepted"
-                         + (f", {closed} gpu_lost closed." if closed else "."))
-    else:
-        messages.info(request, f"{node.name}: nothing to accept"
-                      + (f" ({review.problem})." if review.problem else "."))
-    if not request.htmx:
-        return redirect(node)
-    context = {"cluster": node.cluster, "node": node, "inventory_response": True,
-               **gpu_inventory_context(node)}
-    return render(request, "nodes/detail.html#gpu-inventory", context)
+    return node_status_or_redirect(request, node)
 
 
 @require_POST
@@ -272,8 +236,8 @@ def bulk_pause(request, slug):
     if form.is_valid():
         paused = do_bulk_pause_nodes(form.cleaned_data["nodes"], actor=request.user,
                                      reason=form.cleaned_data["reason"], request=request)
-        messages.success(request, _summary("paused", paused, "already paused"))
-    return _bulk_response(request, cluster, form)
+        messages.success(request, bulk_summary("paused", paused, "already paused"))
+    return bulk_response(request, cluster, form)
 
 
 @require_POST
@@ -284,22 +248,8 @@ def bulk_resume(request, slug):
     if form.is_valid():
         resumed = do_bulk_resume_nodes(form.cleaned_data["nodes"], actor=request.user,
                                        request=request)
-        messages.success(request, _summary("resumed", resumed, "not paused"))
-    return _bulk_response(request, cluster, form)
-
-
-@require_POST
-@require_role(Role.OPERATOR)
-def bulk_check(request, slug):
-    cluster = get_cluster_for_user(request, slug)
-    form = BulkCheckForm(request.POST, cluster=cluster)
-    if form.is_valid():
-        names, purpose = form.checks_and_purpose()
-        started = do_bulk_request_checks(form.cleaned_data["nodes"], names, purpose=purpose,
-                                         actor=request.user, request=request)
-        messages.success(request, _summary(f"started {form.cleaned_data['check']} on", started,
-                                           "already running it"))
-    return _bulk_response(request, cluster, form)
+        messages.success(request, bulk_summary("resumed", resumed, "not paused"))
+    return bulk_response(request, cluster, form)
 
 
 @require_POST
@@ -311,57 +261,10 @@ def bulk_set_role(request, slug):
         role = form.cleaned_data["role"]
         changed = do_bulk_set_node_role(form.cleaned_data["nodes"], role, actor=request.user,
                                         request=request)
-        messages.success(request, _summary(f"set the role to {role} on", changed,
+        messages.success(request, bulk_summary(f"set the role to {role} on", changed,
                                            f"already {role}"))
-    return _bulk_response(request, cluster, form)
+    return bulk_response(request, cluster, form)
 
-
-def _summary(done, outcomes, otherwise):
-    """'paused 5; 2 were already paused' from one boolean per node."""
-    changed = sum(outcomes)
-    text = f"{done.capitalize()} {changed} node{'s' if changed != 1 else ''}"
-    unchanged = len(outcomes) - changed
-    if unchanged:
-        text += f"; {unchanged} {'was' if unchanged == 1 else 'were'} {otherwise}"
-    return text + "."
-
-
-def _bulk_response(request, cluster, form):
-    """After a bulk operation: htmx swaps the list (with the same filters, from the query
-    string) and the messages; a plain form goes back to the list."""
-    for errors in form.errors.values():
-        messages.error(request, " ".join(errors))
-    if not request.htmx:
-        query = request.GET.urlencode()
-        return redirect(reverse("nodes:list", args=[cluster.slug]) + (f"?{query}" if query else ""))
-    context = {"cluster": cluster, "tab": "nodes", "bulk_response": True,
-               **node_list_context(cluster, request.GET)}
-    return render(request, "nodes/list.html#node-table", context)
-
-
-def _node_status_or_redirect(request, node):
-    """After an operation: htmx swaps the node's status panel; a plain form goes back."""
-    if not request.htmx:
-        return redirect(node)
-    node.refresh_from_db()
-    context = {"cluster": node.cluster, "node": node, "pause_form": PauseNodeForm()}
-    return render(request, "nodes/detail.html#node-status", context)
-
-
-@login_not_required
-@require_GET
-def metrics(request):
-    """Prometheus scrape endpoint; guarded by CLUSTERUI_METRICS_TOKEN (off when unset)."""
-    expected = settings.CLUSTERUI_METRICS_TOKEN
-    if not expected:
-        return HttpResponse("metrics are off: set CLUSTERUI_METRICS_TOKEN\n", status=404,
-                            content_type="text/plain")
-    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-    if not hmac.compare_digest(given.encode(), expected.encode()):
-        return HttpResponse("bearer token required\n", status=401, content_type="text/plain",
-                            headers={"WWW-Authenticate": "Bearer"})
-    return HttpResponse(render_metrics(time.time()),
-                        content_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 # Cluster settings > Maintenance windows. Operators make and end windows over nodes; a

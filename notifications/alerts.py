@@ -18,8 +18,8 @@ from django.db.models import Max
 from django.urls import reverse
 from django.utils import timezone
 
-from clusterui.changes import Kind, read_changes
-from clusterui.models import Cluster
+from clusters.change_feed import Kind, read_changes
+from clusters.models import Cluster
 from healthchecks.models import CheckRun, HealthEvent
 from nodes.models import Node
 from nodes.states import out_of_service

@@ -28,7 +28,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 from standardwebhooks import Webhook
 
-from clusterui.secrets import SecretsUnavailable, value_of
+from clusters.secret_store import SecretsUnavailable, value_of
 
 from .models import Channel, Delivery
 

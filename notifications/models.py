@@ -13,7 +13,7 @@ import uuid
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from clusterui.models import Cluster
+from clusters.models import Cluster
 from healthchecks.choices import Severity
 
 from .choices import AlertKind

@@ -1,5 +1,5 @@
 """Admins' changes to notification channels, each on the audit trail (never with a URL or a
-key: those live in the secrets store, clusterui/secrets.py, and are never shown back)."""
+key: those live in the secrets store, clusters/secret_store.py, and are never shown back)."""
 
 import base64
 import secrets as random_bytes
@@ -9,9 +9,9 @@ from urllib.parse import urlsplit
 from django.db import transaction
 from django.utils import timezone
 
-from clusterui.models import Secret
-from clusterui.secrets import store_secret, value_of
-from clusterui.services import record_audit
+from clusters.models import Secret
+from clusters.secret_store import store_secret, value_of
+from clusters.services import record_audit
 from healthchecks.choices import Severity
 
 from .deliveries import create_delivery

@@ -6,8 +6,8 @@ from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from clusterui.queries import get_cluster_for_user
-from clusterui.roles import Role, has_role, require_role
+from clusters.queries import get_cluster_for_user
+from clusters.roles import Role, has_role, require_role
 
 from .forms import ChannelForm
 from .models import Channel

@@ -5,7 +5,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.urls import reverse
 
-from clusterui.models import Cluster
+from clusters.models import Cluster
 from healthchecks.models import HealthEvent
 from nodes.models import Gpu, Node
 

@@ -2,7 +2,7 @@
 then escalation by the node's history (DESIGN.md "Repairs").
 
 Defaults:
-    xid:<code>              NVIDIA's catalog, through healthchecks.catalog.policy_for
+    xid:<code>              NVIDIA's catalog, through healthchecks.xid_catalog.policy_for
                             (reboot, reprovision, remove for the GPU's model, or none)
     gpu_lost, slurm_drain   reboot (DESIGN.md)
     thermal_throttle, hw_slowdown, power_brake
@@ -23,7 +23,7 @@ Defaults:
 from dataclasses import dataclass
 from datetime import timedelta
 
-from healthchecks.catalog import policy_for, xid_code
+from healthchecks.xid_catalog import policy_for, xid_code
 
 from .choices import Action, cost, one_step_costlier
 from .models import Repair

@@ -18,7 +18,7 @@ import tempfile
 
 from django.core.exceptions import ValidationError
 
-from clusterui.secrets import SecretsUnavailable, masked, values_referenced_in
+from clusters.secret_store import SecretsUnavailable, masked, values_referenced_in
 from schedulers import ExecutorError
 
 ACTIONS = ("reprovision", "failover", "remove")
@@ -65,7 +65,7 @@ class CommandProvider:
     empty for remove). Every substituted value is shell-quoted, so a node name cannot
     inject commands. The output and errors show the command with "<join token>" in the
     token's place, and the token is masked in what the command printed. A secret of the
-    secrets store (clusterui/secrets.py) the command names as $NAME is in its environment,
+    secrets store (clusters/secret_store.py) the command names as $NAME is in its environment,
     not its text, and masked in its output too. The command runs under /bin/sh in
     its own process group with stdin closed; at `timeout_s` the whole group is killed.
     stdout and stderr are kept together, their last 4 KiB in the output and in errors."""

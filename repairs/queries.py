@@ -8,8 +8,8 @@ from django.db.models import F, Prefetch, Window
 from django.db.models.functions import RowNumber
 from django.shortcuts import get_object_or_404
 
-from clusterui.queries import get_cluster_for_user
-from healthchecks.catalog import catalog
+from clusters.queries import get_cluster_for_user
+from healthchecks.xid_catalog import catalog
 from healthchecks.models import HealthEvent
 from schedulers import ExecutorError, NoScheduler, scheduler_for
 

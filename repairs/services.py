@@ -11,9 +11,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from clusterui.changes import Kind, read_changes
-from clusterui.models import Cluster
-from clusterui.services import record_audit
+from clusters.change_feed import Kind, read_changes
+from clusters.models import Cluster
+from clusters.services import record_audit
 from healthchecks.choices import NODE_AFFECTING
 from healthchecks.models import HealthEvent
 from healthchecks.services import open_problem_events, open_problem_events_of
@@ -22,7 +22,7 @@ from nodes.choices import NodeState
 from nodes.models import Node
 
 from .choices import AGENT_ACTIONS, STEPS, Status, StepKind, StepStatus, cost
-from .live import announce_repair_change
+from .announcements import announce_repair_change
 from .models import Repair, RepairPolicy, RepairSettings, RepairStep
 from .policy import choose_action, escalate, in_cooldown
 from .transitions import Conflict, transition

@@ -21,8 +21,8 @@ from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
-from healthchecks.checks import AFTER_REBOOT_CHECKS
-from healthchecks.inventory import do_accept_gpu_inventory
+from healthchecks.check_catalog import AFTER_REBOOT_CHECKS
+from healthchecks.gpu_lost import do_accept_gpu_inventory
 from healthchecks.models import CheckRun, HealthEvent
 from healthchecks.services import do_request_checks
 from nodes.models import AgentCommand
@@ -34,11 +34,11 @@ from nodes.services import (
     do_send_command,
 )
 
-from clusterui.services import record_audit
+from clusters.services import record_audit
 from schedulers import ExecutorError, RetryLater, scheduler_for
 
 from .choices import Action, Status, StepKind, StepStatus
-from .live import announce_repair_change
+from .announcements import announce_repair_change
 from .models import Repair, RepairSettings, RepairStep
 from .providers import CommandProvider, SimulatedProvider
 from .services import DUE_EARLY, RepairRefused, due_steps, enqueue_step, settings_for

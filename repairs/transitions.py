@@ -12,12 +12,12 @@ repair from one status to another.
 from django.db import transaction
 from django.utils import timezone
 
-from clusterui.services import actor_name
+from clusters.services import actor_name
 from nodes.services import REPAIR_OPENER, do_close_rejoin
 from nodes.states import refresh_node_state
 
 from .choices import Status
-from .live import announce_repair_change
+from .announcements import announce_repair_change
 from .models import Repair, RepairTransition
 
 ALLOWED = {

@@ -12,15 +12,15 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.shortcuts import redirect, render
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import trigger_client_event
 
-from clusterui.queries import get_cluster_for_user
-from clusterui.roles import Role, has_role, require_role
+from clusters.queries import get_cluster_for_user
+from common.redirects import safe_next
+from clusters.roles import Role, has_role, require_role
 from common.exports import csv_response, invalid_filters_response
-from healthchecks.catalog import catalog, policy_for
-from healthchecks.checks import CHECKS
+from healthchecks.xid_catalog import catalog, policy_for
+from healthchecks.check_catalog import CHECKS
 from nodes.queries import get_node_for_user
 
 from .choices import OPEN_STATUSES, Action, Status
@@ -187,19 +187,12 @@ def repair_response(request, slug, public_id):
     other sections follow); a plain form goes back to where it came from."""
     repair = get_repair_for_user(request, slug, public_id)
     if not request.htmx:
-        return redirect(safe_next(request, repair.get_absolute_url()))
+        return redirect(safe_next(request, request.POST.get("next", ""),
+                                  repair.get_absolute_url()))
     response = render(request, "repairs/_repair_response.html",
                       {"cluster": repair.cluster, "card": repair_cards([repair])[0],
                        "xids": catalog(), "back_url": request.htmx.current_url_abs_path})
     return trigger_client_event(response, "repair-changed")
-
-
-def safe_next(request, fallback):
-    wanted = request.POST.get("next", "")
-    if url_has_allowed_host_and_scheme(wanted, allowed_hosts={request.get_host()},
-                                       require_https=request.is_secure()):
-        return wanted
-    return fallback
 
 
 @require_POST

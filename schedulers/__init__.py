@@ -13,7 +13,7 @@ exit status and the end of its output); the machine providers of repairs.provide
 too.
 """
 
-from clusterui.models import Cluster
+from clusters.models import Cluster
 
 from .base import ExecutorError, Job, NoScheduler, RetryLater, SchedulerNode
 from .slurm import SlurmScheduler

@@ -113,6 +113,27 @@ def parse_squeue_jobs(output):
     return jobs
 
 
+def run_slurm_command(argv, *, slurm_conf=None, timeout_s=DEFAULT_TIMEOUT_S, env=None):
+    """Run a Slurm command-line tool (against `slurm_conf` when given); its completed
+    process. ExecutorError naming the command, its exit status and the end of its stderr on
+    failure, or after timeout_s. `env`: variables to add to this process's environment."""
+    env = {**os.environ, **(env or {})}
+    if slurm_conf:
+        env["SLURM_CONF"] = str(slurm_conf)
+    command = " ".join(argv)
+    try:
+        result = subprocess.run(list(argv), env=env, capture_output=True, text=True,
+                                timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        raise ExecutorError(f"{command}: no answer within {timeout_s:g} s") from exc
+    except OSError as exc:
+        raise ExecutorError(f"{command}: cannot run: {exc}") from exc
+    if result.returncode != 0:
+        tail = (result.stderr.strip() or result.stdout.strip())[-500:]
+        raise ExecutorError(f"{command} exited with status {result.returncode}: {tail}")
+    return result
+
+
 class SlurmScheduler:
     """A cluster run by Slurm, driven through its command-line tools on this machine."""
 
@@ -123,23 +144,7 @@ class SlurmScheduler:
         self.timeout_s = timeout_s
 
     def _run(self, *argv):
-        """Run a Slurm command; its stdout. ExecutorError naming the command, its exit
-        status and the end of its stderr on failure or after timeout_s."""
-        env = dict(os.environ)
-        if self.slurm_conf:
-            env["SLURM_CONF"] = str(self.slurm_conf)
-        command = " ".join(argv)
-        try:
-            result = subprocess.run(list(argv), env=env, capture_output=True, text=True,
-                                    timeout=self.timeout_s, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired as exc:
-            raise ExecutorError(f"{command}: no answer within {self.timeout_s:g} s") from exc
-        except OSError as exc:
-            raise ExecutorError(f"{command}: cannot run: {exc}") from exc
-        if result.returncode != 0:
-            tail = (result.stderr.strip() or result.stdout.strip())[-500:]
-            raise ExecutorError(f"{command} exited with status {result.returncode}: {tail}")
-        return result.stdout
+        return run_slurm_command(argv, slurm_conf=self.slurm_conf, timeout_s=self.timeout_s).stdout
 
     def node(self, node_name):
         line = self._run("scontrol", "show", "node", node_name, "-o")

@@ -7,7 +7,7 @@
 # Migrates the SQLite database, seeds the cluster "demo" and the accounts demo/demo
 # (operator) and admin/admin (admin), then runs, as children of this script, a Celery
 # worker and Celery beat (broker: settings.CELERY_BROKER_URL, a SQLite file under var/) and
-# daphne on http://127.0.0.1:8000, and the simulated fleet (python -m agent.fleet: 64 real
+# daphne on http://127.0.0.1:8000, and the simulated fleet (python -m agent.sim.fleet: 64 real
 # agents on simulated H200s, state under var/fleet). Ctrl-C (or TERM) stops every child and waits for it; if
 # one child dies, the others are stopped and the script exits non-zero. Safe to re-run.
 set -euo pipefail

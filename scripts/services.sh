@@ -164,7 +164,7 @@ services_export_env() {
     export REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
     SECRET_KEY=$("$PY" -c 'import secrets, string; a = string.ascii_letters + string.digits; print("".join(secrets.choice(a) for _ in range(64)))')
     export SECRET_KEY
-    # The secrets store's key (clusterui/secrets.py): a Fernet key, new for each run.
+    # The secrets store's key (clusters/secret_store.py): a Fernet key, new for each run.
     CLUSTERUI_SECRETS_KEYS=$("$PY" -c 'import base64, os; print(base64.urlsafe_b64encode(os.urandom(32)).decode())')
     export CLUSTERUI_SECRETS_KEYS
     export ALLOWED_HOSTS=127.0.0.1,localhost,testserver

@@ -5,7 +5,7 @@ version; and the runs the agents report (script_result frames). A node's role
 from django.conf import settings
 from django.db import models
 
-from clusterui.models import Cluster
+from clusters.models import Cluster
 from nodes.choices import NodeRole
 
 

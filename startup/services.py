@@ -24,9 +24,9 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from clusterui.changes import Kind, record_change, record_node_changes
-from clusterui.secrets import SecretsUnavailable, referenced_names, values_referenced_in
-from clusterui.services import record_audit
+from clusters.change_feed import Kind, record_change, record_node_changes
+from clusters.secret_store import SecretsUnavailable, referenced_names, values_referenced_in
+from clusters.services import record_audit
 from healthchecks.services import do_close_health_event, do_record_health_event
 from nodes.models import Node
 from nodes.states import refresh_node_state
@@ -181,7 +181,7 @@ def diff_lines(old, new):
 
 def scripts_for_node(node):
     """The `startup_scripts` of a node's config frame: its cluster's current scripts for
-    its role, each with `env`: the secrets its body names as $NAME (clusterui/secrets.py),
+    its role, each with `env`: the secrets its body names as $NAME (clusters/secret_store.py),
     which the agent hands the script as environment variables and masks in its output."""
     scripts = list(StartupScript.objects.filter(
         cluster_id=node.cluster_id, role=node.role, current_version__isnull=False

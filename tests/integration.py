@@ -355,7 +355,7 @@ def read_live_entries(redis_url, cluster_id):
     """The live store's entries for a cluster, straight from Redis: {node_id: entry}."""
     import redis
 
-    from nodes.live import LIVE_KEY
+    from nodes.live_store import LIVE_KEY
 
     with redis.Redis.from_url(redis_url) as client:
         raw = client.hgetall(LIVE_KEY.format(cluster_id=cluster_id))

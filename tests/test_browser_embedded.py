@@ -34,8 +34,8 @@ from .integration import ProcessGroup, wait_until
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 SETUP = """
-from clusterui.models import Cluster
-from clusterui.roles import Role, assign_role
+from clusters.models import Cluster
+from clusters.roles import Role, assign_role
 from django.contrib.auth import get_user_model
 from nodes.services import do_issue_join_token
 from repairs.models import RepairSettings

@@ -7,8 +7,8 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import expect
 
-from clusterui.roles import Role
-from clusterui.tests.factories import ClusterFactory, UserFactory
+from clusters.roles import Role
+from clusters.tests.factories import ClusterFactory, UserFactory
 from healthchecks.models import HealthEvent
 from nodes.services import do_issue_join_token
 

@@ -6,8 +6,8 @@ has the agent reap them, and the panel shows its answer and the zombies gone."""
 import pytest
 from playwright.sync_api import expect
 
-from clusterui.roles import Role
-from clusterui.tests.factories import ClusterFactory, UserFactory
+from clusters.roles import Role
+from clusters.tests.factories import ClusterFactory, UserFactory
 from nodes.models import AgentCommand
 from nodes.services import do_issue_join_token
 

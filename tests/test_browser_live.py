@@ -6,8 +6,8 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import expect
 
-from clusterui.roles import Role
-from clusterui.tests.factories import ClusterFactory, UserFactory
+from clusters.roles import Role
+from clusters.tests.factories import ClusterFactory, UserFactory
 from nodes.choices import NodeState
 from nodes.models import Node
 from nodes.services import do_issue_join_token, do_pause_node, do_resume_node

@@ -17,9 +17,9 @@ from django.contrib.sessions.models import Session
 from django.db import connections
 from playwright.sync_api import expect
 
-from clusterui.models import AuditEntry, Identity
-from clusterui.roles import Role, role_of
-from clusterui.tests.factories import ClusterFactory
+from clusters.models import AuditEntry, Identity
+from clusters.roles import Role, role_of
+from clusters.tests.factories import ClusterFactory
 from healthchecks.services import do_record_health_event
 from nodes.tests.factories import GpuFactory, NodeFactory
 from repairs.choices import Status

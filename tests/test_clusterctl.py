@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from api.tokens import do_create_api_token
-from clusterui.models import AuditEntry
-from clusterui.roles import Role
-from clusterui.tests.factories import ClusterFactory, UserFactory
+from clusters.models import AuditEntry
+from clusters.roles import Role
+from clusters.tests.factories import ClusterFactory, UserFactory
 from healthchecks.services import do_record_health_event
 from nodes.choices import NodeState
 from nodes.tests.factories import NodeFactory

@@ -12,8 +12,8 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from clusterui.roles import Role
-from clusterui.tests.factories import ClusterFactory, UserFactory
+from clusters.roles import Role
+from clusters.tests.factories import ClusterFactory, UserFactory
 from healthchecks.models import CheckRun, HealthEvent
 from nodes.choices import NodeState
 from nodes.models import NodeTransition

@@ -10,7 +10,7 @@ import uuid
 import pytest
 import websockets
 
-from clusterui.tests.factories import ClusterFactory
+from clusters.tests.factories import ClusterFactory
 from nodes.models import AgentToken, Node
 from nodes.services import do_issue_join_token, do_revoke_agent_token
 

@@ -14,9 +14,9 @@ from decimal import ROUND_HALF_UP, Decimal
 import pytest
 from django.urls import reverse
 
-from clusterui.models import Cluster
-from clusterui.roles import Role
-from clusterui.tests.factories import ClusterFactory, UserFactory
+from clusters.models import Cluster
+from clusters.roles import Role
+from clusters.tests.factories import ClusterFactory, UserFactory
 from jobs.models import ImportCursor, Job, JobNode
 from jobs.services import do_import_jobs
 from repairs.models import RepairSettings

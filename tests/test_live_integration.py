@@ -16,14 +16,14 @@ import pytest
 from django.conf import settings
 from django.test import Client
 
-from agent.backends.simulated import simulated_gpu_uuid
-from clusterui.roles import Role
-from clusterui.tests.factories import ClusterFactory, UserFactory
+from agent.sim.backend import simulated_gpu_uuid
+from clusters.roles import Role
+from clusters.tests.factories import ClusterFactory, UserFactory
 from healthchecks.models import HealthEvent
 from nodes.choices import NodeState
 from healthchecks.heartbeats import SIGNATURE as HEARTBEAT_LOST
 from nodes.models import AgentEventReceipt, Gpu, Node, PublisherStatus
-from nodes.publisher import LEASE_KEY
+from gateway.publisher import LEASE_KEY
 from nodes.services import do_issue_join_token
 
 from .integration import parse_metrics, read_live_entries, redis_url_with_db, wait_until

@@ -30,8 +30,8 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from clusterui.roles import Role
-from clusterui.tests.factories import ClusterFactory, UserFactory
+from clusters.roles import Role
+from clusters.tests.factories import ClusterFactory, UserFactory
 from healthchecks.models import HealthEvent
 from nodes.models import AgentCommand
 from nodes.services import do_issue_join_token

@@ -14,9 +14,9 @@ from django.test import Client
 from standardwebhooks import Webhook
 
 from api.tokens import do_create_api_token
-from clusterui.models import AuditEntry
-from clusterui.roles import Role
-from clusterui.tests.factories import ClusterFactory, UserFactory
+from clusters.models import AuditEntry
+from clusters.roles import Role
+from clusters.tests.factories import ClusterFactory, UserFactory
 from nodes.services import do_issue_join_token
 from notifications.models import Channel
 from notifications.services import do_create_channel

@@ -9,8 +9,8 @@ made here is a Celery message the worker must receive.
 
 import pytest
 
-from clusterui.roles import Role
-from clusterui.tests.factories import ClusterFactory, UserFactory
+from clusters.roles import Role
+from clusters.tests.factories import ClusterFactory, UserFactory
 from healthchecks.models import CheckRun, HealthEvent
 from nodes.choices import NodeState
 from nodes.models import AgentCommand, Node

@@ -26,9 +26,9 @@ import pytest
 from celery import current_app
 from django.utils import timezone
 
-from clusterui.models import Cluster
-from clusterui.roles import Role
-from clusterui.tests.factories import ClusterFactory, UserFactory
+from clusters.models import Cluster
+from clusters.roles import Role
+from clusters.tests.factories import ClusterFactory, UserFactory
 from nodes.choices import NodeState
 from nodes.models import AgentCommand, Node
 from nodes.services import do_issue_join_token

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from clusterui.tests.factories import ClusterFactory
+from clusters.tests.factories import ClusterFactory
 from healthchecks.models import CheckRun, HealthEvent
 from healthchecks.services import do_request_check
 from nodes.models import Node
@@ -114,7 +114,7 @@ def postgres(processes):
         db.execute("CREATE DATABASE clusterui")
     processes.env.update(DATABASE_URL=server.url("clusterui"))
     manage(processes.env, "migrate", "--no-input")
-    manage(processes.env, "shell", "-c", "from clusterui.models import Cluster; "
+    manage(processes.env, "shell", "-c", "from clusters.models import Cluster; "
            "Cluster.objects.create(name='int-pg', slug='int-pg')")
     server.join_token = manage(processes.env, "jointoken", "--cluster", "int-pg").strip()
     try:

@@ -13,8 +13,8 @@ import sys
 import pytest
 from django.test import Client
 
-from clusterui.roles import Role
-from clusterui.tests.factories import ClusterFactory, UserFactory
+from clusters.roles import Role
+from clusters.tests.factories import ClusterFactory, UserFactory
 from healthchecks.models import HealthEvent
 from nodes.choices import NodeState
 from nodes.models import Node

@@ -2,8 +2,8 @@ import pytest
 from django.test import Client
 
 from api.tokens import do_create_api_token
-from clusterui.roles import Role
-from clusterui.tests.factories import UserFactory
+from clusters.roles import Role
+from clusters.tests.factories import UserFactory
 
 
 @pytest.fixture

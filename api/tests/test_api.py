@@ -10,8 +10,8 @@ from openapi_spec_validator import validate
 
 from api.models import ApiToken
 from api.tokens import do_create_api_token, do_revoke_api_token
-from clusterui.models import AuditEntry
-from clusterui.roles import Role
+from clusters.models import AuditEntry
+from clusters.roles import Role
 from healthchecks.services import do_record_health_event
 from nodes.choices import NodeState
 from nodes.tests.factories import NodeFactory
@@ -163,7 +163,7 @@ def test_nobody_but_its_owner_or_an_admin_revokes_a_token(cluster, operator, vie
 
 
 def test_a_token_whose_user_lost_every_role_reads_nothing(cluster, token_for):
-    from clusterui.roles import assign_role
+    from clusters.roles import assign_role
     user, token = token_for(Role.VIEWER)
     assign_role(user, None)
     assert ApiClient(token).get("/api/v1/clusters/").status_code == 401
@@ -182,7 +182,7 @@ def test_one_node_comes_with_its_hygiene_readings_and_an_operator_cleans_it_up(
         cluster, api_as, settings):
     import time
 
-    from nodes.live import get_live_store, live_entry, reset_live_store
+    from nodes.live_store import get_live_store, live_entry, reset_live_store
     from nodes.models import AgentCommand
 
     settings.REDIS_URL = ""

@@ -1,7 +1,7 @@
 """Every API endpoint x every role, as the URL x role matrix does for the pages: who gets
 what, each request naming a real object and each allowed write sending a valid body. An
 endpoint missing from ENDPOINTS fails the suite. A refused write is on the audit trail; an
-allowed one writes the same entry the page does (clusterui/tests/test_audit_coverage.py)."""
+allowed one writes the same entry the page does (tests/test_audit_coverage.py)."""
 
 from dataclasses import dataclass, field
 
@@ -9,9 +9,9 @@ import pytest
 from django.urls import get_resolver, reverse
 from django.utils import timezone
 
-from clusterui.models import AuditEntry, Cluster
-from clusterui.roles import Role
-from clusterui.tests.test_authorization_matrix import url_patterns
+from clusters.models import AuditEntry, Cluster
+from clusters.roles import Role
+from tests.test_authorization_matrix import url_patterns
 from healthchecks.services import do_record_health_event
 from nodes.models import Node
 from nodes.services import do_pause_node

@@ -47,7 +47,7 @@ from bench.ingest import run as ingest  # noqa: E402
 from websockets.asyncio.client import connect  # noqa: E402
 from websockets.exceptions import ConnectionClosed  # noqa: E402
 
-from agent import protocol  # noqa: E402
+from agent.connection import protocol  # noqa: E402
 
 log = ingest.log
 percentile = ingest.percentile

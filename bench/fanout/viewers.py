@@ -38,7 +38,7 @@ def main():
     from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
     from django.contrib.auth import get_user_model
 
-    from clusterui.roles import Role, assign_role
+    from clusters.roles import Role, assign_role
 
     started = time.monotonic()
     user, _ = get_user_model().objects.get_or_create(username=USERNAME)

@@ -12,7 +12,7 @@ fuzzed frame's answer; no frame is answered server_error (a limit the schema mis
 the handler then tripped on); an event is always answered (ack, or error with its id, or
 bad_message when its id could not be read); the connection closes only where the protocol
 says (4400 after more than 20 bad frames, 4403 for a hello naming another node). Used by
-nodes/tests/test_consumer_fuzz.py (a few hundred frames) and bench/fuzz/run.py (10,000 a
+gateway/tests/test_consumer_fuzz.py (a few hundred frames) and bench/fuzz/run.py (10,000 a
 type against daphne)."""
 
 import copy

@@ -30,7 +30,7 @@ def main():
     django.setup()
     from django.db import transaction
 
-    from clusterui.models import Cluster
+    from clusters.models import Cluster
     from nodes.services import do_issue_node_token, do_register_node
 
     started = time.monotonic()

@@ -3,7 +3,7 @@
     python bench/ingest/loadgen.py --fleet FLEET.json --ports 8001[,8002] [--connections 2000]
 
 Each connection says hello with its node's 8 simulated H200s (agent/backends/simulated.py),
-waits for the welcome, then sends samples built with agent/protocol.py's frame builders
+waits for the welcome, then sends samples built with agent/connection/protocol.py's frame builders
 (real H200 readings, ~2.1 KB each). One pacer sends them at a target aggregate rate,
 round-robin over the connections, so every node reports at rate/N per second, evenly spaced.
 
@@ -35,9 +35,9 @@ sys.path.insert(0, str(REPO))
 from websockets.asyncio.client import connect  # noqa: E402
 from websockets.exceptions import ConnectionClosed  # noqa: E402
 
-from agent import protocol  # noqa: E402
-from agent.client import retry_after  # noqa: E402
-from agent.backends import simulated  # noqa: E402
+from agent.connection import protocol  # noqa: E402
+from agent.connection.client import retry_after  # noqa: E402
+from agent.sim import backend as simulated  # noqa: E402
 from agent.node_metrics import NodeMetrics  # noqa: E402
 
 # 2,000 backends would each parse the same trace file: parse it once.
@@ -91,7 +91,7 @@ class Agent:
                     break
                 if frame["type"] == "error" and frame.get("code") in ("server_error",
                                                                       "rate_limited"):
-                    # As agent.client does: the same hello again on this connection.
+                    # As agent.connection.client does: the same hello again on this connection.
                     await asyncio.sleep(retry_after(frame))
                     await self.ws.send(protocol.encode(hello))
                     welcome_due.reschedule(asyncio.get_running_loop().time() + welcome_timeout)

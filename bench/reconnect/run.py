@@ -7,8 +7,8 @@ Production mode (bench/reconnect/run.sh: a throwaway PostgreSQL and Redis), one 
 core 0; this driver on core 1 holds every node's agent connection (bench/storm/run.py's
 agent: hello with 8 simulated H200s, samples at --sample-hz from its welcome on). Once all
 are welcomed, daphne is killed (SIGKILL: every socket drops at once) and started again on
-the same port. Each agent reconnects as the real one does (agent.client: the backoff
-delays of agent.client.backoff_delay, full jitter from 1 s doubling to 30 s; a connect
+the same port. Each agent reconnects as the real one does (agent.connection.client: the backoff
+delays of agent.connection.client.backoff_delay, full jitter from 1 s doubling to 30 s; a connect
 gives up after 10 s, a welcome after 30 s from the hello or from
 the last answer that asked for it again). It prints, from the moment the new daphne
 listens, the time until each agent's welcome: p50, p99, max, and how many were welcomed.
@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 from bench.storm import run as storm  # noqa: E402
 ingest, loadgen, log, percentile = storm.ingest, storm.loadgen, storm.log, storm.percentile
 
-from agent.client import WELCOME_TIMEOUT_S, backoff_delay  # noqa: E402
+from agent.connection.client import WELCOME_TIMEOUT_S, backoff_delay  # noqa: E402
 
 CONNECT_TIMEOUT_S = 10.0  # websockets' default open timeout, as the agent connects
 

@@ -56,7 +56,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "clusterui.settings")
 from bench.ingest import loadgen  # noqa: E402
 from bench.ingest import run as ingest  # noqa: E402
 
-from agent import protocol  # noqa: E402
+from agent.connection import protocol  # noqa: E402
 
 log = ingest.log
 percentile = ingest.percentile
@@ -366,7 +366,7 @@ def step_times(repair, since):
 def approve(repair):
     from django.contrib.auth import get_user_model
 
-    from clusterui.roles import Role, assign_role
+    from clusters.roles import Role, assign_role
     from repairs.services import do_approve_repair
 
     user, _ = get_user_model().objects.get_or_create(username="bench-operator")
@@ -503,7 +503,7 @@ def prepare(fleet_path):
     import django
 
     django.setup()
-    from clusterui.models import Cluster
+    from clusters.models import Cluster
     from nodes.models import Node
     from repairs.models import RepairSettings
 

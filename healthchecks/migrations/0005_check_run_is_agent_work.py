@@ -4,7 +4,7 @@ from django.conf import settings
 from django.db import migrations, models
 from django.utils import timezone
 
-# As healthchecks.checks and .choices had them when this migration was written.
+# As healthchecks.check_catalog and .choices had them when this migration was written.
 ACCEPTANCE_CHECKS = ("nvml_sanity", "gpu_compute", "gpu_memory_bandwidth", "storage")
 NODE_AFFECTING = ("warning", "critical")
 UNFINISHED = ("queued", "running")

@@ -6,8 +6,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from clusterui.models import AuditEntry
-from healthchecks.checks import ACCEPTANCE_CHECKS, AFTER_REBOOT_CHECKS, params_for
+from clusters.models import AuditEntry
+from healthchecks.check_catalog import ACCEPTANCE_CHECKS, AFTER_REBOOT_CHECKS, params_for
 from healthchecks.models import CheckRun, HealthEvent
 from healthchecks.services import (
     CHECK_RUNS,

@@ -6,23 +6,15 @@ from channels.db import database_sync_to_async
 from healthchecks.models import CheckRun, HealthEvent
 from healthchecks.services import do_request_check
 from nodes.models import Node
-from nodes.publisher import Publisher
-from nodes.services import do_issue_join_token
-from nodes.tests.test_consumers import join, receive, send
+from gateway.publisher import Publisher
+from gateway.tests.test_consumers import join, receive, send
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture(autouse=True)
-def in_memory_channel_layer(settings):
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    settings.CLUSTERUI_PUBLISHER = False
+def no_boot_window(in_memory_channel_layer, settings):
     settings.CLUSTERUI_BOOT_WINDOW_S = 0
-
-
-@pytest.fixture
-def join_token(cluster):
-    return do_issue_join_token(cluster)[1]
 
 
 async def request_check(name, check):

@@ -8,7 +8,7 @@ from django.db import connection
 
 from healthchecks.models import HealthEvent
 from healthchecks.services import do_close_health_event, do_record_health_event
-from nodes.ingest import EventOutcome, ingest_events
+from gateway.ingest import EventOutcome, ingest_events
 from nodes.tests.factories import GpuFactory, NodeFactory
 
 STORM = 10_000

@@ -6,12 +6,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from clusterui.models import AuditEntry
+from clusters.models import AuditEntry
 from healthchecks.models import HealthEvent
 from healthchecks.services import do_record_health_event
 from nodes.choices import NodeState
 from nodes.models import Gpu
-from healthchecks.inventory import do_accept_gpu_inventory, review_gpu_inventory
+from healthchecks.gpu_lost import do_accept_gpu_inventory, review_gpu_inventory
 from healthchecks.tests.factories import say_hello
 from nodes.services import do_register_node
 

@@ -13,7 +13,7 @@ from django.db import transaction
 from django.test import Client
 
 from clusterui.asgi import application
-from clusterui.tests.factories import ClusterFactory
+from clusters.tests.factories import ClusterFactory
 from common.groups import cluster_group
 from healthchecks.services import (
     do_acknowledge_event,
@@ -21,16 +21,15 @@ from healthchecks.services import (
     do_record_health_event,
     do_resolve_event,
 )
-from nodes.publisher import Publisher
+from gateway.publisher import Publisher
 from nodes.tests.factories import NodeFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)
-def in_memory_channel_layer(settings):
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    settings.CLUSTERUI_PUBLISHER = False
+def channel_layer_in_memory(in_memory_channel_layer):
+    """Every test here runs on the in-memory channel layer (the root conftest's fixture)."""
 
 
 async def publish():

@@ -9,7 +9,7 @@ import pytest
 from healthchecks.models import HealthEvent
 from healthchecks.services import NOTICE_CLOSED_REASON
 from healthchecks.signatures import NOTICES, SIGNATURES, info_for, is_notice
-from nodes.ingest import EventOutcome, ingest_events
+from gateway.ingest import EventOutcome, ingest_events
 from nodes.tests.factories import NodeFactory
 
 pytestmark = pytest.mark.django_db

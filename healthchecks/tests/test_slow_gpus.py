@@ -1,6 +1,6 @@
 """The slow GPU rule (healthchecks/slow_gpus.py) on readings of a real H200.
 
-The peers replay agent/fixtures/h200/nvml_trace.json (a real H200 under a bf16 matmul,
+The peers replay agent/data/h200/nvml_trace.json (a real H200 under a bf16 matmul,
 99-100 % utilization, at its 700 W cap) in different phases. The slow GPU is one of those
 readings with a GPU held at 1110 MHz, as a wrong 400 W power limit does: its clock event
 reason is SW power cap (0x4), which is normal under load, so only its peers show it is slow.
@@ -13,7 +13,7 @@ import pytest
 
 from healthchecks.slow_gpus import Closing, SlowGpuLimits, SlowGpuWatch
 
-TRACE = json.loads((Path(__file__).resolve().parents[2] / "agent" / "fixtures" / "h200"
+TRACE = json.loads((Path(__file__).resolve().parents[2] / "agent" / "data" / "h200"
                     / "nvml_trace.json").read_text())
 
 

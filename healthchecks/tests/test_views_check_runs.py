@@ -4,7 +4,7 @@ the run endpoint."""
 import pytest
 from django.urls import reverse
 
-from clusterui.models import AuditEntry
+from clusters.models import AuditEntry
 from healthchecks.models import CheckRun
 from healthchecks.services import do_record_check_result, do_request_check
 from nodes.tests.factories import GpuFactory, NodeFactory

@@ -4,7 +4,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from clusterui.models import AuditEntry
+from clusters.models import AuditEntry
 from healthchecks.models import HealthEvent, Silence
 from healthchecks.services import close_quiet_events, do_record_health_event, refresh_ended_silences
 from nodes.choices import NodeState
@@ -98,7 +98,7 @@ def test_actions_refuse_get_and_viewers(client_for, viewer, operator, event, act
 
 
 def test_an_event_of_another_cluster_is_a_404(client_for, operator, event):
-    from clusterui.tests.factories import ClusterFactory
+    from clusters.tests.factories import ClusterFactory
 
     other = ClusterFactory(slug="other")
     response = client_for(operator).post(

@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from clusterui.models import Cluster
-from clusterui.tests.factories import ClusterFactory
+from clusters.models import Cluster
+from clusters.tests.factories import ClusterFactory
 from jobs import services
 from jobs.models import Job
 from jobs.tasks import import_jobs

@@ -6,7 +6,7 @@ from decimal import Decimal
 import pytest
 from django.urls import reverse
 
-from clusterui.tests.factories import ClusterFactory
+from clusters.tests.factories import ClusterFactory
 from healthchecks.models import HealthEvent
 from jobs.models import ImportCursor
 from jobs.tests.factories import JobFactory

@@ -3,21 +3,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from nodes.live import get_live_store, reset_live_store
-from nodes.services import do_issue_join_token
-
-
-@pytest.fixture
-def in_memory_channel_layer(settings):
-    """The channel layer in this process's memory, and no publisher of its own (tested on
-    its own in test_live.py): the agent-socket tests run without Redis."""
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    settings.CLUSTERUI_PUBLISHER = False
-
-
-@pytest.fixture
-def join_token(cluster):
-    return do_issue_join_token(cluster)[1]
+from nodes.live_store import get_live_store, reset_live_store
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 import factory
 from django.utils import timezone
 
-from clusterui.tests.factories import ClusterFactory
+from clusters.tests.factories import ClusterFactory
 from nodes.choices import NodeState
 from nodes.models import Gpu, Node, NodeTransition
 

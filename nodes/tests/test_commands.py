@@ -8,10 +8,10 @@ import pytest
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from clusterui.models import AuditEntry
+from clusters.models import AuditEntry
 from nodes import agent_work, tasks
 from nodes.models import AgentCommand, Node
-from nodes.publisher import Publisher
+from gateway.publisher import Publisher
 from nodes.services import (
     COMMANDS,
     do_record_command_result,
@@ -19,7 +19,7 @@ from nodes.services import (
     do_register_node,
     do_send_command,
 )
-from nodes.tests.test_consumers import join, receive, send
+from gateway.tests.test_consumers import join, receive, send
 
 db = pytest.mark.django_db
 

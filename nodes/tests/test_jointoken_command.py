@@ -3,7 +3,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from clusterui.models import AuditEntry
+from clusters.models import AuditEntry
 from nodes.services import find_usable_token
 
 pytestmark = pytest.mark.django_db

@@ -15,10 +15,11 @@ from clusterui.asgi import application
 from healthchecks.models import HealthEvent
 from nodes.choices import NodeState
 from healthchecks.heartbeats import sweep_heartbeats
-from nodes.live import MemoryLiveStore, live_entry
+from gateway.protocol import live_entry
+from nodes.live_store import MemoryLiveStore
 from nodes.models import ClusterRollup, Node, NodeRollup, PublisherStatus
 from common.groups import cluster_group
-from nodes.publisher import Publisher
+from gateway.publisher import Publisher
 from nodes.rollups import prune_rollups
 
 from .factories import NodeFactory

@@ -8,9 +8,9 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from clusterui.models import AuditEntry
-from clusterui.roles import Role
-from clusterui.tests.factories import UserFactory
+from clusters.models import AuditEntry
+from clusters.roles import Role
+from clusters.tests.factories import UserFactory
 from healthchecks.services import do_record_health_event
 from nodes.maintenance import current, occurrence_at
 from nodes.models import MaintenanceWindow

@@ -7,13 +7,13 @@ import pytest
 from channels.db import database_sync_to_async
 from django.urls import reverse
 
-from clusterui.models import AuditEntry
+from clusters.models import AuditEntry
 from common.groups import agent_group
-from nodes.publisher import Publisher, read_feed_messages
+from gateway.publisher import Publisher, read_feed_messages
 from nodes.models import Node
 from startup.services import Validation, config_frame_for, do_save_startup_script
 from nodes.services import do_set_node_role
-from nodes.tests.test_consumers import join, receive
+from gateway.tests.test_consumers import join, receive
 
 from .factories import NodeFactory
 

@@ -10,10 +10,10 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.utils import timezone
 
-from clusterui.models import AuditEntry, Cluster
-from nodes.live import MemoryLiveStore
+from clusters.models import AuditEntry, Cluster
+from nodes.live_store import MemoryLiveStore
 from nodes.models import AgentToken, Node
-from nodes.publisher import Publisher
+from gateway.publisher import Publisher
 from nodes.services import (
     do_issue_join_token,
     do_open_cluster_rejoin,
@@ -21,7 +21,7 @@ from nodes.services import (
     do_remove_node,
     do_revoke_agent_token,
 )
-from nodes.tests.test_consumers import closed_with, connect, event, hello, join, receive, send
+from gateway.tests.test_consumers import closed_with, connect, event, hello, join, receive, send
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True),
               pytest.mark.usefixtures("in_memory_channel_layer")]

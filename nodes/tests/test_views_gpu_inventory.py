@@ -6,7 +6,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from clusterui.models import AuditEntry
+from clusters.models import AuditEntry
 from healthchecks.models import HealthEvent
 from nodes.models import Gpu
 from healthchecks.tests.factories import say_hello
@@ -32,7 +32,7 @@ def node(cluster):
 
 
 def accept_url(node):
-    return reverse("nodes:accept_gpu_inventory", args=[node.cluster.slug, node.name])
+    return reverse("healthchecks:accept_gpu_inventory", args=[node.cluster.slug, node.name])
 
 
 def test_the_node_page_shows_what_accepting_changes(client_for, operator, node):

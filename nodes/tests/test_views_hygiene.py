@@ -8,10 +8,11 @@ import uuid
 import pytest
 from django.urls import reverse
 
-from clusterui.models import AuditEntry
+from clusters.models import AuditEntry
 from healthchecks.models import HealthEvent
-from nodes.ingest import ingest_events
-from nodes.live import get_live_store, known_hygiene, live_entry, reset_live_store
+from gateway.ingest import ingest_events
+from gateway.protocol import known_hygiene, live_entry
+from nodes.live_store import get_live_store, reset_live_store
 from nodes.models import AgentCommand
 from nodes.services import do_record_command_result
 

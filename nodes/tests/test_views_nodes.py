@@ -4,7 +4,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from clusterui.models import AuditEntry
+from clusters.models import AuditEntry
 from healthchecks.models import HealthEvent
 from nodes.choices import NodeState
 from nodes.models import Gpu, Node

@@ -3,7 +3,7 @@
 import pytest
 from django.urls import reverse
 
-from clusterui.models import AuditEntry
+from clusters.models import AuditEntry
 from healthchecks.models import CheckRun
 from nodes.choices import NodeState
 from nodes.models import Node

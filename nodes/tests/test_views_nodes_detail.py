@@ -8,10 +8,11 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 from django.utils import timezone
 
-from clusterui.models import AuditEntry, Cluster, validate_ssh_command_template
-from clusterui.tests.factories import UserFactory
-from clusterui.roles import Role
-from nodes.live import get_live_store, live_entry, reset_live_store
+from clusters.models import AuditEntry, Cluster, validate_ssh_command_template
+from clusters.tests.factories import UserFactory
+from clusters.roles import Role
+from gateway.protocol import live_entry
+from nodes.live_store import get_live_store, reset_live_store
 from nodes.models import NodeRollup
 
 from .factories import GpuFactory, NodeFactory

@@ -10,7 +10,8 @@ from django.utils import timezone
 
 from healthchecks.models import HealthEvent
 from nodes.choices import NodeState
-from nodes.live import get_live_store, live_entry, reset_live_store
+from gateway.protocol import live_entry
+from nodes.live_store import get_live_store, reset_live_store
 from nodes.models import Gpu, Node
 
 from .factories import GpuFactory, NodeFactory

@@ -1,7 +1,7 @@
 import pytest
 
-from clusterui.roles import Role
-from clusterui.tests.factories import UserFactory
+from clusters.roles import Role
+from clusters.tests.factories import UserFactory
 from notifications.services import do_create_channel
 
 from .receivers import http_receiver, smtp_receiver  # noqa: F401 (fixtures)

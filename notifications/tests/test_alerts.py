@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from clusterui.changes import Kind, record_change
+from clusters.change_feed import Kind, record_change
 from healthchecks.models import CheckRun
 from healthchecks.services import do_close_health_event, do_record_health_event
 from nodes.choices import NodeState

@@ -13,7 +13,7 @@ from django.db import connection
 from django.utils import timezone
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from clusterui.models import Secret
+from clusters.models import Secret
 from notifications.deliveries import RETRY_DELAYS_S, create_delivery, deliver
 from notifications.messages import alert_message, channel_test_message
 from notifications.models import Alert, Delivery

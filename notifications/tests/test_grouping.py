@@ -130,7 +130,7 @@ def test_the_rate_limit_delays_messages_and_loses_nothing(cluster, make_channel)
 
 
 def test_another_clusters_alerts_and_a_disabled_channel_send_nothing(cluster, make_channel):
-    from clusterui.tests.factories import ClusterFactory
+    from clusters.tests.factories import ClusterFactory
     channel, _ = make_channel(URL, kinds=[AlertKind.NODE_UNHEALTHY], group_wait_s=0)
     other = ClusterFactory()
     alert(other, node=NodeFactory(cluster=other))

@@ -4,8 +4,8 @@ never shown back (a webhook's key once, at its making); everyone reads the deliv
 import pytest
 from django.urls import reverse
 
-from clusterui.models import AuditEntry, Secret
-from clusterui.secrets import value_of
+from clusters.models import AuditEntry, Secret
+from clusters.secret_store import value_of
 from notifications.models import Channel, Delivery
 
 pytestmark = pytest.mark.django_db

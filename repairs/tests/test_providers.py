@@ -7,7 +7,7 @@ import pytest
 from cryptography.fernet import Fernet
 from django.core.exceptions import ValidationError
 
-from clusterui.secrets import do_set_secret
+from clusters.secret_store import do_set_secret
 from schedulers import ExecutorError
 from repairs.providers import (
     CommandProvider,

@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from clusterui.models import AuditEntry
+from clusters.models import AuditEntry
 from healthchecks.services import do_close_health_event, do_record_health_event
 from nodes.choices import NodeState
 from nodes.services import do_pause_node

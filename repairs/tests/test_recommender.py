@@ -8,7 +8,7 @@ import threading
 import pytest
 from django.db import connection, transaction
 
-from clusterui.changes import read_changes
+from clusters.change_feed import read_changes
 from healthchecks.services import do_record_health_event
 from nodes.models import Node
 from nodes.tests.factories import GpuFactory, NodeFactory

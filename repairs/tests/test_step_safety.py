@@ -11,7 +11,7 @@ from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
 
-from clusterui.models import AuditEntry
+from clusters.models import AuditEntry
 from nodes.choices import NodeState
 from nodes.models import Node
 from nodes.services import do_record_hello, do_register_node

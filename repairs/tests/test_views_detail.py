@@ -5,7 +5,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from clusterui.tests.factories import ClusterFactory
+from clusters.tests.factories import ClusterFactory
 from healthchecks.services import do_record_health_event
 from nodes.tests.factories import GpuFactory, NodeFactory
 from repairs.choices import Status, StepKind, StepStatus

@@ -7,7 +7,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from clusterui.models import AuditEntry
+from clusters.models import AuditEntry
 from healthchecks.services import do_record_health_event
 from nodes.tests.factories import NodeFactory
 from repairs.choices import Status

@@ -4,7 +4,7 @@ them; provider commands are validated; each row shows the default it overrides."
 import pytest
 from django.urls import reverse
 
-from clusterui.models import AuditEntry, Cluster
+from clusters.models import AuditEntry, Cluster
 from repairs.models import RepairPolicy, RepairSettings
 
 pytestmark = pytest.mark.django_db

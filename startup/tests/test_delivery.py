@@ -7,10 +7,9 @@ from channels.db import database_sync_to_async
 from nodes.choices import NodeState
 from nodes.models import Node
 from startup.models import ScriptRun
-from nodes.publisher import Publisher
+from gateway.publisher import Publisher
 from startup.services import Validation, do_save_startup_script
-from nodes.tests.conftest import in_memory_channel_layer, join_token  # noqa: F401 (fixtures)
-from nodes.tests.test_consumers import connect, hello, receive, send
+from gateway.tests.test_consumers import connect, hello, receive, send
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True),
               pytest.mark.usefixtures("in_memory_channel_layer")]

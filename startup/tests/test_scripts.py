@@ -9,8 +9,8 @@ from cryptography.fernet import Fernet
 from django.urls import reverse
 from django.utils import timezone
 
-from clusterui.models import AuditEntry
-from clusterui.secrets import do_set_secret
+from clusters.models import AuditEntry
+from clusters.secret_store import do_set_secret
 from healthchecks.models import HealthEvent
 from nodes.choices import NodeState
 from nodes.models import Node

@@ -3,7 +3,7 @@ from datetime import timedelta
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from clusterui.models import Cluster
+from clusters.models import Cluster
 from nodes.services import do_issue_join_token
 
 

@@ -1,0 +1,296 @@
+"""The live publisher: the only thing that pushes to browsers and offers work to agents.
+
+One asyncio task per server process flushes that process's live-store buffer every 100 ms.
+One of them (in production, the holder of a Redis lease; in embedded mode, the only one)
+also
+- once a second and for each cluster: reads the whole live store, builds the summary,
+  sends it to the browsers' group `cluster.<slug>`, adds the tick to the minute's rollups,
+  writes `last_seen` of every node heard from, in one UPDATE, and runs the slow GPU rule
+  (healthchecks/slow_gpus.py: it needs every node's latest sample);
+- every FEED_EVERY_S: reads the change feed (clusters/change_feed.py), whoever wrote it (a
+  view, a consumer, a Celery worker), and pushes it: one "health.changed",
+  "repair.changed" or "check.changed" per cluster however many rows, and to a node's agent
+  connection the work queued for it ("work.offer"), a new config ("config.changed") or
+  that its token was revoked or its node removed ("agent.access").
+Agent connections never group_send (PROTOCOL.md traffic stays inside the process that
+received it).
+"""
+
+import asyncio
+import logging
+import math
+import os
+import time
+import uuid
+from datetime import datetime, timezone as dt_timezone
+
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import close_old_connections, transaction
+from django.db.models import Count, Max
+
+from clusters.change_feed import Kind, read_changes
+from clusters.models import Cluster
+from common.groups import agent_group, cluster_group
+from healthchecks.slow_gpu_events import (
+    GPU_MODELS_REFRESH_S,
+    read_slow_gpu_facts,
+    record_slow_gpus,
+    slow_gpu_limits,
+)
+from healthchecks.slow_gpus import SlowGpuWatch
+
+from nodes.agent_work import parse_offer
+from nodes.choices import NodeState
+from nodes.live_store import get_live_store, stale_after_s
+from nodes.models import Node, NodeTransition, PublisherStatus
+from nodes.rollups import RollupAccumulator, fresh_entries, summarize_usage, write_rollups
+
+logger = logging.getLogger(__name__)
+
+FLUSH_EVERY_S = 0.1
+PUBLISH_EVERY_S = 1.0
+FEED_EVERY_S = 0.2
+LEASE_KEY = "clusterui:publisher"
+LEASE_MS = 3000
+# Take the lease if it is free, or renew it if it is ours, in one step: between a read and a
+# renewal the lease could pass to another process, whose lease the renewal would extend.
+TAKE_OR_RENEW = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+    return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+"""
+FEED_READER = "publisher"
+
+
+def read_cluster_facts():
+    """Per cluster: slug, state counts and the newest timeline row (one query each, per tick)."""
+    close_old_connections()
+    clusters = {c.pk: {"slug": c.slug, "counts": {s: 0 for s in NodeState.values},
+                       "timeline_head": 0}
+                for c in Cluster.objects.only("slug")}
+    for row in Node.objects.values("cluster_id", "state").annotate(n=Count("id")):
+        if row["cluster_id"] in clusters and row["state"]:
+            clusters[row["cluster_id"]]["counts"][row["state"]] = row["n"]
+    for row in NodeTransition.objects.values("cluster_id").annotate(head=Max("id")):
+        if row["cluster_id"] in clusters:
+            clusters[row["cluster_id"]]["timeline_head"] = row["head"]
+    return clusters
+
+
+def record_tick(seen, now, *, just_started):
+    """The publisher ran at `now`; seen: {node_id: unix time of its latest frame}.
+
+    last_seen is the frame's time rounded UP to a tenth of a second: a few UPDATEs for the
+    whole fleet, and never earlier than the frame (a node is never judged silent early).
+    It is written before the publisher's own status, in one transaction: a heartbeat sweep
+    never sees this tick's time with last tick's last_seen.
+    """
+    close_old_connections()
+    by_tenth = {}
+    for node_id, received_at in seen.items():
+        by_tenth.setdefault(math.ceil(received_at * 10), []).append(node_id)
+    with transaction.atomic():
+        # The rows locked first, in id order, as every writer of many nodes does: two
+        # transactions never each hold a node the other waits for.
+        list(Node.objects.filter(pk__in=list(seen)).order_by("pk")
+             .select_for_update(no_key=True).values_list("pk", flat=True))
+        for tenth, node_ids in by_tenth.items():
+            at = datetime.fromtimestamp(tenth / 10, tz=dt_timezone.utc)
+            Node.objects.filter(pk__in=node_ids).update(last_seen=at)
+        if just_started or not PublisherStatus.objects.filter(pk=1).update(seen_at=now):
+            PublisherStatus.objects.update_or_create(pk=1, defaults={"started_at": now,
+                                                                     "seen_at": now})
+
+
+# What browsers hear of each kind of change, per cluster (other kinds go to agents, or
+# show through the summary's timeline head).
+BROWSER_MESSAGES = {
+    Kind.HEALTH_EVENT: "health.changed",
+    Kind.HEALTH_REPEAT: "health.changed",
+    Kind.REPAIR: "repair.changed",
+    Kind.CHECK_RUN: "check.changed",
+}
+
+
+def read_feed_messages():
+    """(group, message) for what the change feed holds since the last read, coalesced: one
+    message per cluster and type, one per piece of agent work, one config per node."""
+    changes = read_changes(FEED_READER)
+    if not changes:
+        return []
+    slugs = dict(Cluster.objects.filter(pk__in={c.cluster_id for c in changes})
+                 .values_list("pk", "slug"))
+    messages = {}
+    for change in changes:
+        if change.kind in BROWSER_MESSAGES and change.cluster_id in slugs:
+            slug = slugs[change.cluster_id]
+            kind = BROWSER_MESSAGES[change.kind]
+            messages[(cluster_group(slug), kind)] = {"type": kind, "cluster": slug}
+        elif change.kind == Kind.AGENT_WORK and change.node_id is not None:
+            name, work_id = parse_offer(change.object_id)
+            messages[(agent_group(change.node_id), name, work_id)] = {
+                "type": "work.offer", "kind": name, "id": work_id}
+        elif change.kind == Kind.AGENT_CONFIG and change.node_id is not None:
+            messages[(agent_group(change.node_id), "config")] = {"type": "config.changed"}
+        elif change.kind == Kind.AGENT_ACCESS and change.node_id is not None:
+            messages[(agent_group(change.node_id), "access")] = {"type": "agent.access"}
+    return [(key[0], message) for key, message in messages.items()]
+
+
+def _read_feed_messages():
+    close_old_connections()  # a worker thread of the publisher's: as a request would
+    return read_feed_messages()
+
+
+def build_summary(slug, facts, usage, now_ts):
+    return {
+        "cluster": slug,
+        "at": now_ts,
+        "counts": facts["counts"],
+        "timeline_head": facts["timeline_head"],
+        "usage": None if usage is None else {
+            "gpus_reporting": usage["gpus_reporting"],
+            "gpu_util_pct": round(usage["gpu_util_pct"], 1),
+            "gpu_mem_used_pct": round(usage["gpu_mem_used_pct"], 1),
+            "net_gbps": round(usage["net_bps"] * 8 / 1e9, 2),
+        },
+    }
+
+
+class Publisher:
+    def __init__(self, store=None, channel_layer=None):
+        self.store = store or get_live_store()
+        self.channel_layer = channel_layer or get_channel_layer()
+        self.rollups = RollupAccumulator()
+        self.seen_written = {}
+        self.slow_gpus = SlowGpuWatch(slow_gpu_limits())
+        self.gpu_models, self.gpu_models_read_at = {}, None
+        self.leading = False
+        self.start_pending = False
+        self.identity = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+    async def run(self):
+        """Flush every 100 ms; once a second, a tick in a task of its own, so that the tick's
+        database work and snapshot never hold up the flushes (ingest latency)."""
+        next_publish = next_feed = time.monotonic()
+        tick = feed = None
+        while True:
+            try:
+                await self.store.flush()
+            except Exception:
+                logger.exception("live store flush failed; retrying")
+            now = time.monotonic()
+            if now >= next_publish:
+                next_publish = max(next_publish + PUBLISH_EVERY_S, now)
+                # The lease is renewed every second, also while a long tick (the minute's
+                # rollups) still runs: leadership never lapses for being busy.
+                if await self.renew_lease():
+                    self.start_pending = True  # the next tick marks the (re)start
+                if self.leading and (tick is None or tick.done()):
+                    tick = asyncio.create_task(self.tick(self.start_pending))
+                    self.start_pending = False
+            if self.leading and now >= next_feed and (feed is None or feed.done()):
+                next_feed = now + FEED_EVERY_S
+                feed = asyncio.create_task(self.push_changes())
+            await asyncio.sleep(FLUSH_EVERY_S)
+
+    async def renew_lease(self):
+        """Whether this process leads now; True when it has just become the leader."""
+        was_leading = self.leading
+        try:
+            self.leading = await self.holds_lease()
+        except Exception:
+            logger.exception("renewing the publisher's lease failed; not leading")
+            self.leading = False
+        return self.leading and not was_leading
+
+    async def tick(self, just_started):
+        try:
+            await self.publish_once(just_started=just_started)
+        except Exception:
+            logger.exception("live publisher tick failed; retrying")
+
+    async def push_changes(self):
+        """What the change feed holds since the last read, to browsers and agents."""
+        try:
+            messages = await sync_to_async(_read_feed_messages, thread_sensitive=False)()
+            for group, message in messages:
+                await self.channel_layer.group_send(group, message)
+        except Exception:
+            logger.exception("pushing the change feed failed; retrying")
+
+    async def holds_lease(self):
+        """Production: one publisher in the whole deployment, by a Redis lease it renews."""
+        if not settings.REDIS_URL:
+            return True
+        held = await self.store.client.eval(TAKE_OR_RENEW, 1, LEASE_KEY, self.identity, LEASE_MS)
+        return bool(held)
+
+    async def publish_once(self, now=None, just_started=False):
+        now = now or datetime.now(tz=dt_timezone.utc)
+        now_ts = now.timestamp()
+        clusters = await sync_to_async(read_cluster_facts, thread_sensitive=False)()
+        models_due = (self.gpu_models_read_at is None
+                      or abs(now_ts - self.gpu_models_read_at) >= GPU_MODELS_REFRESH_S)
+        open_slow, models = await sync_to_async(read_slow_gpu_facts, thread_sensitive=False)(
+            models_due)
+        if models is not None:
+            self.gpu_models, self.gpu_models_read_at = models, now_ts
+        seen, openings, closings = {}, [], []
+        for cluster_id, facts in clusters.items():
+            snapshot = await self.store.snapshot(cluster_id)
+            # The arithmetic over every node's sample runs in worker threads: for 2,000 nodes
+            # it takes 40-90 ms, which on the event loop held up the ingest's frames and the
+            # live store's flushes (bench/README.md). One tick runs at a time, and only the
+            # tick touches self.rollups and self.slow_gpus.
+            entries, usage = await sync_to_async(fresh_usage, thread_sensitive=False)(
+                snapshot, now_ts)
+            summary = build_summary(facts["slug"], facts, usage, now_ts)
+            await self.channel_layer.group_send(
+                cluster_group(facts["slug"]), {"type": "cluster.summary", "summary": summary})
+            finished, (opened, closed) = await sync_to_async(self.fold, thread_sensitive=False)(
+                cluster_id, usage, entries, now, open_slow)
+            if finished:
+                await sync_to_async(write_rollups, thread_sensitive=False)(*finished)
+            for entry in entries:
+                if entry["received_at"] > self.seen_written.get(entry["node_id"], 0):
+                    seen[entry["node_id"]] = entry["received_at"]
+            openings += opened
+            closings += closed
+        await sync_to_async(record_tick, thread_sensitive=False)(seen, now,
+                                                                 just_started=just_started)
+        self.seen_written.update(seen)
+        if openings or closings:
+            await sync_to_async(record_slow_gpus, thread_sensitive=False)(openings, closings, now)
+        return clusters
+
+    def fold(self, cluster_id, usage, entries, now, open_slow):
+        """Add a cluster's tick to the minute's rollups and run the slow GPU rule over it:
+        (the minute that just ended or None, (openings, closings))."""
+        finished = self.rollups.add(cluster_id, usage, entries, now)
+        return finished, self.slow_gpus.check(cluster_id, entries, self.gpu_models, open_slow,
+                                              now.timestamp())
+
+
+def fresh_usage(snapshot, now_ts):
+    """The snapshot's fresh entries, and the cluster's usage from them."""
+    entries = fresh_entries(snapshot, now_ts, stale_after_s())
+    return entries, summarize_usage(entries)
+
+
+_task = None
+
+
+def ensure_publisher():
+    """Start this process's publisher on the running event loop, once."""
+    global _task
+    if not settings.CLUSTERUI_PUBLISHER:
+        return
+    loop = asyncio.get_running_loop()
+    if _task is not None and not _task.done() and _task.get_loop() is loop:
+        return
+    _task = loop.create_task(Publisher().run(), name="clusterui-live-publisher")

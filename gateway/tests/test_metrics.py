@@ -1,0 +1,82 @@
+import re
+import time
+
+import pytest
+
+from healthchecks.models import HealthEvent
+from gateway.protocol import live_entry
+from nodes.live_store import get_live_store, reset_live_store
+
+from nodes.tests.factories import GpuFactory, NodeFactory
+
+pytestmark = pytest.mark.django_db
+TOKEN = "s3cret-scrape-token"
+
+
+@pytest.fixture
+def memory_store(settings):
+    settings.REDIS_URL = None
+    reset_live_store()
+    yield get_live_store()
+    reset_live_store()
+
+
+@pytest.fixture
+def scraping(settings):
+    settings.CLUSTERUI_METRICS_TOKEN = TOKEN
+
+
+def scrape(client, token=TOKEN):
+    return client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {token}")
+
+
+def test_metrics_use_dcgm_names_and_labels(client, cluster, memory_store, scraping):
+    node = NodeFactory(cluster=cluster, name="gpu-017", hostname="gpu-017.internal")
+    gpu = GpuFactory(node=node, index=3, uuid="GPU-dd6ed4ff-be65-92a6-4ef1-1d9b77bae10b",
+                     pci_bus_id="00000000:00:06.0")
+    HealthEvent.objects.create(node=node, gpu=gpu, signature="xid:79", severity="critical",
+                               first_seen=node.joined_at, last_seen=node.joined_at)
+    frame = {"type": "sample", "seq": 1, "ts": time.time(), "node": {},
+             "gpus": [{"uuid": gpu.uuid, "util_pct": 100, "mem_util_pct": 24,
+                       "mem_used_bytes": 1703936000, "temp_c": 56, "power_w": 693.463,
+                       "sm_clock_mhz": 1455, "clock_event_reasons": 4, "ecc_dbe_volatile": 0,
+                       "pcie_tx_bps": 7213056, "pcie_rx_bps": None}]}
+    memory_store.record(cluster.pk, live_entry(frame, node_id=node.pk, received_at=time.time(),
+                                               memory_totals={gpu.uuid: 150754820096}))
+
+    response = scrape(client)
+
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain; version=0.0.4")
+    text = response.text
+    labels = ('{gpu="3",UUID="GPU-dd6ed4ff-be65-92a6-4ef1-1d9b77bae10b",'
+              'pci_bus_id="00000000:00:06.0",device="nvidia3",modelName="NVIDIA H200",'
+              'Hostname="gpu-017.internal",cluster="prod-h200"}')
+    assert f"DCGM_FI_DEV_GPU_UTIL{labels} 100" in text
+    assert f"DCGM_FI_DEV_GPU_TEMP{labels} 56" in text
+    assert f"DCGM_FI_DEV_POWER_USAGE{labels} 693.463" in text
+    assert f"DCGM_FI_DEV_FB_USED{labels} 1625" in text  # MiB, as DCGM reports it
+    assert f"DCGM_FI_DEV_XID_ERRORS{labels} 79" in text
+    assert "# TYPE DCGM_FI_DEV_GPU_UTIL gauge" in text
+    assert "DCGM_FI_PROF_PCIE_RX_BYTES{" not in text  # unsupported: no sample, not zero
+    for line in text.split("# HELP clusterui_")[0].splitlines():  # the DCGM part
+        assert line.startswith("#") or re.match(r"^[A-Z_]+\{[^}]*\} [-0-9.e+]+$", line), line
+
+
+def test_a_silent_node_has_no_current_values(client, cluster, memory_store, scraping):
+    node = NodeFactory(cluster=cluster)
+    gpu = GpuFactory(node=node)
+    frame = {"type": "sample", "seq": 1, "ts": 0, "gpus": [{"uuid": gpu.uuid, "util_pct": 5}]}
+    memory_store.record(cluster.pk, live_entry(frame, node_id=node.pk,
+                                               received_at=time.time() - 60, memory_totals={}))
+    assert "DCGM_FI_DEV_GPU_UTIL{" not in scrape(client).text
+
+
+def test_metrics_need_the_bearer_token(client, scraping):
+    assert scrape(client, token="wrong").status_code == 401
+    assert client.get("/metrics").status_code == 401
+
+
+def test_metrics_are_off_without_a_token_setting(client, settings):
+    settings.CLUSTERUI_METRICS_TOKEN = None
+    assert scrape(client).status_code == 404

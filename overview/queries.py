@@ -1,0 +1,94 @@
+"""The reads behind the overview and the cluster list: counts by state, usage and the
+timeline, in a fixed number of queries."""
+
+from datetime import timedelta
+
+from django.core.paginator import Paginator
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from healthchecks.models import CheckRun
+from nodes import maintenance
+from nodes.choices import DISPLAY_ORDER, STATE_COLOURS, NodeState
+from nodes.models import ClusterRollup, Node, NodeTransition
+from nodes.states import OUT_OF_SERVICE
+from repairs.choices import Status
+from repairs.models import Repair
+
+from clusters.models import Cluster
+
+TIMELINE_PAGE_SIZE = 25
+USAGE_WINDOW = timedelta(hours=1)
+# A rollup older than this is not "now": the overview says telemetry is stale.
+USAGE_FRESH_FOR = timedelta(minutes=5)
+
+
+def bits_per_s_in_gbps(bytes_per_s):
+    return round(bytes_per_s * 8 / 1e9, 2)
+
+
+def state_counts(cluster):
+    rows = Node.objects.filter(cluster=cluster).values("state").annotate(n=Count("id"))
+    by_state = {row["state"]: row["n"] for row in rows}
+    return [
+        {"state": state, "label": state.label, "count": by_state.get(state, 0),
+         "colour": STATE_COLOURS[state]}
+        for state in DISPLAY_ORDER
+    ]
+
+
+def degraded(cluster, counts):
+    """{"out": n, "total": m} while the cluster is degraded (state_counts' counts), else None."""
+    out = sum(c["count"] for c in counts if c["state"] in OUT_OF_SERVICE)
+    total = sum(c["count"] for c in counts)
+    return {"out": out, "total": total} if cluster.is_degraded(out, total) else None
+
+
+def maintenance_now(cluster):
+    """The maintenance occurrences on now in the cluster."""
+    return maintenance.current([cluster.pk]).get(cluster.pk, [])
+
+
+def nodes_in_acceptance(cluster):
+    """How many of the cluster's nodes are running their acceptance tests now."""
+    return (CheckRun.objects.unfinished()
+            .filter(node__cluster=cluster, purpose=CheckRun.Purpose.ACCEPTANCE)
+            .values("node").distinct().count())
+
+
+def repairs_awaiting_approval(cluster):
+    return Repair.objects.filter(cluster=cluster, status=Status.PROPOSED).count()
+
+
+def usage(cluster, now=None):
+    now = now or timezone.now()
+    rollups = list(
+        ClusterRollup.objects.filter(cluster=cluster, minute__gte=now - USAGE_WINDOW)
+        .order_by("minute")
+        .values("minute", "gpus_reporting", "gpu_util_pct", "gpu_mem_used_pct", "net_bps")
+    )
+    latest = rollups[-1] if rollups and now - rollups[-1]["minute"] <= USAGE_FRESH_FOR else None
+    if latest is not None:
+        latest = {**latest, "net_gbps": bits_per_s_in_gbps(latest["net_bps"])}
+    series = {
+        "minute": [r["minute"].isoformat() for r in rollups],
+        "gpu_util_pct": [round(r["gpu_util_pct"], 1) for r in rollups],
+        "gpu_mem_used_pct": [round(r["gpu_mem_used_pct"], 1) for r in rollups],
+        "net_gbps": [bits_per_s_in_gbps(r["net_bps"]) for r in rollups],
+    }
+    return {"latest": latest, "series": series}
+
+
+def timeline_page(cluster, *, node_name="", state="", page=1):
+    transitions = NodeTransition.objects.filter(cluster=cluster).select_related("node")
+    if node_name:
+        transitions = transitions.filter(node__name__icontains=node_name)
+    if state:
+        transitions = transitions.filter(to_state=state)
+    return Paginator(transitions.order_by("-at", "-id"), TIMELINE_PAGE_SIZE).get_page(page)
+
+
+def clusters_with_state_counts():
+    """Every cluster, with its node count and its nodes per state (one query)."""
+    counts = {state: Count("nodes", filter=Q(nodes__state=state)) for state in NodeState.values}
+    return Cluster.objects.annotate(node_count=Count("nodes"), **counts)
