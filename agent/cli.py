@@ -12,10 +12,8 @@ import signal
 import sys
 import time
 
-from agent import __version__, host, protocol
+from agent import __version__, host
 from agent.backends import BackendUnavailable
-from agent.client import AgentClient
-from agent.commands import CommandSet, RebootCommand, SimulatedReboot
 from agent.config import (
     TOKEN_ENVIRONMENT,
     TOKEN_ON_ARGV,
@@ -24,11 +22,11 @@ from agent.config import (
     read_config_file,
     tls_context,
 )
-from agent.detectors import close_watchers, make_watchers
-from agent.hygiene import make_hygiene
-from agent.node_metrics import NodeMetrics
-from agent.node_token import read_node_token
-from agent.outbox import Outbox
+from agent.connection import protocol
+from agent.connection.client import AgentClient
+from agent.connection.node_token import read_node_token
+from agent.connection.outbox import Outbox
+from agent.node import build_node
 
 log = logging.getLogger("agent")
 
@@ -177,8 +175,7 @@ def main(argv=None):
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        backend = make_backend(config)
-        boot_id = host.simulated_boot_id(config.state_dir) if config.simulate else host.boot_id()
+        node = make_node(config)
     except BackendUnavailable as exc:
         return _fail(str(exc))
     except OSError as exc:
@@ -186,65 +183,42 @@ def main(argv=None):
 
     try:
         if config.print_once:
-            return print_once(config, backend, boot_id)
-        return run_agent(config, backend, boot_id, tls)
+            return print_once(node)
+        return run_agent(config, node, tls)
     finally:
-        backend.close()
+        node.close()
 
 
-def make_backend(config):
+def make_node(config):
+    """The node the agent reports (agent.node.Node, not started): simulated with
+    --simulate (agent/sim), else this machine's. The one place the agent chooses."""
     if config.simulate:
-        from agent.backends.simulated import SimulatedBackend
+        from agent.sim import build_simulated_node
 
-        return SimulatedBackend(config.node_name, gpu_count=config.gpus, faults=config.inject)
-    from agent.backends.nvml import NvmlBackend
-
-    return NvmlBackend()
+        return build_simulated_node(config)
+    return build_node(config)
 
 
-def make_check_runner(config, backend):
-    """Runs the active checks the server asks for (run_check); scratch space in the state dir."""
-    if config.simulate:
-        from agent.checks.simulated import SimulatedCheckRunner
-
-        return SimulatedCheckRunner(backend, config.state_dir)
-    from agent.checks.runner import CheckRunner
-
-    return CheckRunner(backend, config.state_dir)
-
-
-def make_command_handler(config, backend, hygiene):
-    """Carries out the server's commands: a reboot runs the configured reboot command, or
-    on --simulate reboots the simulated node; node hygiene's cleanup and reconfigure."""
-    if config.simulate:
-        handlers = [SimulatedReboot(backend, config.state_dir, boot_s=config.simulated_boot_s)]
-    else:
-        handlers = [RebootCommand(config.reboot_command)]
-    if hygiene.commands is not None:
-        handlers.append(hygiene.commands)
-    return CommandSet(handlers)
-
-
-def print_once(config, backend, boot_id):
-    node_metrics = NodeMetrics()
+def print_once(node):
+    backend = node.backend
     backend.wait_ready(timeout_s=2.0)
     time.sleep(PRINT_ONCE_WINDOW_S)
     hello = protocol.hello_frame(
-        node=config.node_name,
-        boot_id=boot_id,
+        node=node.name,
+        boot_id=node.boot_id,
         agent_version=__version__,
         driver_version=backend.driver_version,
         cuda_version=backend.cuda_version,
         gpus=backend.gpus(),
-        slurm=None if config.simulate else host.slurm_status(config.node_name),
+        slurm=node.read_slurm(node.name),
     )
-    sample = protocol.sample_frame(seq=0, gpus=backend.read_gpus(), node=node_metrics.read())
+    sample = protocol.sample_frame(seq=0, gpus=backend.read_gpus(), node=node.node_metrics.read())
     print(protocol.encode(hello))
     print(protocol.encode(sample))
     return 0
 
 
-def run_agent(config, backend, boot_id, tls=None):
+def run_agent(config, node, tls=None):
     try:
         os.makedirs(config.state_dir, mode=0o700, exist_ok=True)
         node_token = read_node_token(config.state_dir)
@@ -258,39 +232,20 @@ def run_agent(config, backend, boot_id, tls=None):
 
     outbox = Outbox(os.path.join(config.state_dir, OUTBOX_FILE),
                     max_bytes=int(config.outbox_max_mb * 2**20))
-    hygiene = make_hygiene(config, backend)
-    watchers = make_watchers(config, backend) + hygiene.watchers
-    client = AgentClient(
-        server_url=config.server,
-        tls=tls,
-        join_token=config.token,
-        node_token=node_token,
-        node_name=config.node_name,
-        boot_id=boot_id,
-        state_dir=config.state_dir,
-        backend=backend,
-        node_metrics=NodeMetrics(),
-        outbox=outbox,
-        watchers=watchers,
-        check_runner=make_check_runner(config, backend),
-        read_slurm=host.no_slurm if config.simulate else host.slurm_status,
-        command_handler=make_command_handler(config, backend, hygiene),
-        hygiene_status=hygiene.status,
-        sample_interval_s=config.sample_interval_s,
-    )
+    node.start()
+    client = AgentClient(config, node, outbox=outbox, node_token=node_token, tls=tls)
     log.info(
         "clusterui-agent %s: node %s, %d %s GPUs, server %s, %d events in the outbox",
         __version__,
         config.node_name,
-        len(backend.gpus()),
-        "simulated" if config.simulate else "NVML",
+        len(node.backend.gpus()),
+        node.kind,
         config.server,
         len(outbox),
     )
     try:
         asyncio.run(_run_until_signalled(client))
     finally:
-        close_watchers(watchers)
         outbox.close()
     return 0
 

@@ -26,19 +26,19 @@ import re
 import shlex
 import ssl
 import tomllib
-from urllib.parse import urlsplit
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from agent import host
-from agent.commands import DEFAULT_REBOOT_COMMAND, DEFAULT_SIMULATED_BOOT_S
 from agent.detectors.kernel_log import KMSG_PATH
 from agent.detectors.throttle import THROTTLE_HOLD_S
-from agent.inject import Fault, InjectSpecError, check_gpu_indexes, parse_inject
+from agent.work.commands import DEFAULT_REBOOT_COMMAND
 
 DEFAULT_STATE_DIR = "/var/lib/clusterui-agent"
 DEFAULT_SAMPLE_INTERVAL_S = 1.0
 DEFAULT_OUTBOX_MAX_MB = 64
 DEFAULT_SIMULATED_GPUS = 8
+DEFAULT_SIMULATED_BOOT_S = 5.0
 MIN_SAMPLE_INTERVAL_S = 0.05
 MAX_SAMPLE_INTERVAL_S = 3600.0
 MAX_THROTTLE_HOLD_S = 3600.0
@@ -71,7 +71,7 @@ FILE_KEYS = {
 # The hook (Slurm's Epilog) reads them from the same file.
 HYGIENE_KEYS = {
     # All of it: on NVML nodes unless false; on --simulate, true watches this machine's real
-    # Slurm daemons and processes (tests), unsaid simulates them (agent/hygiene/simulated.py).
+    # Slurm daemons and processes (tests), unsaid simulates them (agent/sim/hygiene.py).
     "hygiene": ((bool,), "true or false", None),
     "slurmd_restart": ((bool,), "true or false", True),
     "slurmd_restart_command": ((str,), "a string", None),  # None: by how slurmd is watched
@@ -218,6 +218,85 @@ def build_hygiene_config(values):
     return config
 
 
+# --inject: a simulated node's faults on a schedule (what each does: agent/sim/inject.py)
+
+_ITEM = re.compile(
+    r"(?P<fault>xid:(?P<xid>[0-9]+)|xid_storm:(?P<storm>[0-9]+)|thermal|ecc_dbe|gpu_lost"
+    r"|gres_drift|zombies|slurmd_flap|job_leftovers)"
+    r"@(?P<at>[0-9]+(?:\.[0-9]+)?)s"
+    r"(?:\+(?P<duration>[0-9]+(?:\.[0-9]+)?)s)?"
+    r"(?::gpu(?P<gpu>[0-9]+))?"
+)
+
+USAGE = (
+    "expected comma-separated items like xid:79@30s, xid:48@10s:gpu3, thermal@60s, "
+    "thermal@60s+30s:gpu1, xid_storm:13@20s, ecc_dbe@40s:gpu2, gpu_lost@90s, "
+    "gres_drift@30s, zombies@30s, slurmd_flap@30s or job_leftovers@30s:gpu1"
+)
+
+
+class InjectSpecError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str  # "xid", "xid_storm", "thermal", "ecc_dbe", "gpu_lost", or node hygiene's
+    at_s: float  # seconds after the agent started
+    gpu: int = 0  # the GPU's index
+    xid: int | None = None  # kinds "xid" and "xid_storm" only
+    duration_s: float | None = None  # kind "thermal" only; None: until the agent stops
+
+    @property
+    def label(self):
+        """"xid:79", "thermal", "gpu_lost"...: how the agent's log names the fault."""
+        return f"{self.kind}:{self.xid}" if self.xid is not None else self.kind
+
+
+def parse_inject(spec):
+    """The faults a --inject value names, in the order given."""
+    faults = []
+    for item in spec.split(","):
+        item = item.strip()
+        match = _ITEM.fullmatch(item)
+        if match is None:
+            raise InjectSpecError(f"bad --inject item {item!r}: {USAGE}")
+        if match["xid"] is not None:
+            kind, code = "xid", int(match["xid"])
+        elif match["storm"] is not None:
+            kind, code = "xid_storm", int(match["storm"])
+        else:
+            kind, code = match["fault"], None
+        if match["duration"] is not None and kind != "thermal":
+            raise InjectSpecError(
+                f"bad --inject item {item!r}: only thermal takes a duration (+<d>s)"
+            )
+        if code == 0:
+            raise InjectSpecError(f"bad --inject item {item!r}: Xid codes start at 1")
+        if match["duration"] is not None and float(match["duration"]) == 0:
+            raise InjectSpecError(f"bad --inject item {item!r}: the duration must be above 0 s")
+        faults.append(
+            Fault(
+                kind=kind,
+                at_s=float(match["at"]),
+                gpu=int(match["gpu"]) if match["gpu"] is not None else 0,
+                xid=code,
+                duration_s=float(match["duration"]) if match["duration"] is not None else None,
+            )
+        )
+    return faults
+
+
+def check_gpu_indexes(faults, gpu_count):
+    """Every fault names a GPU the simulated node has."""
+    for fault in faults:
+        if fault.gpu >= gpu_count:
+            raise InjectSpecError(
+                f"--inject names gpu{fault.gpu}, but the simulated node has {gpu_count} "
+                f"GPUs (gpu0 to gpu{gpu_count - 1})"
+            )
+
+
 @dataclass
 class Config:
     server: str | None = None
@@ -264,8 +343,16 @@ def build_config(options, file_values=None, environ=os.environ):
     config file's. The command line wins."""
     values = dict(file_values or {})
     values.update({key: value for key, value in options.items() if value is not None})
+    config = _read_values(values, environ)
+    _check_node_and_server(config)
+    _check_reboot(config, values)
+    _check_simulation(config, values)
+    return config
 
-    config = Config(
+
+def _read_values(values, environ):
+    """The Config of the merged values, unchecked (but for the join token's file)."""
+    return Config(
         server=values.get("server"),
         token=read_join_token(values.get("token_file"), values.get("token"), environ),
         ca_file=values.get("ca_file"),
@@ -285,6 +372,9 @@ def build_config(options, file_values=None, environ=os.environ):
         hygiene=build_hygiene_config(values),
     )
 
+
+def _check_node_and_server(config):
+    """The node's name, the outbox, the intervals, and the server (unless --print-once)."""
     if not NODE_NAME.fullmatch(config.node_name):
         raise ConfigError(
             f"node name {config.node_name!r} is not 1-63 letters, digits, '-', '_' or '.' "
@@ -310,6 +400,8 @@ def build_config(options, file_values=None, environ=os.environ):
         if config.ca_file and not config.server.startswith("wss://"):
             raise ConfigError("--ca-file applies to a wss:// server only")
 
+
+def _check_reboot(config, values):
     try:
         reboot_argv = shlex.split(config.reboot_command)
     except ValueError as exc:
@@ -319,6 +411,11 @@ def build_config(options, file_values=None, environ=os.environ):
     if "reboot_command" in values and config.simulate:
         raise ConfigError("--reboot-command does not apply with --simulate (the node reboots "
                           "in simulation)")
+
+
+def _check_simulation(config, values):
+    """--simulated-boot, --gpus and --inject: with --simulate only; the faults parsed into
+    config.inject."""
     if "simulated_boot" in values and not config.simulate:
         raise ConfigError("--simulated-boot only applies with --simulate")
     if not 0 <= config.simulated_boot_s <= MAX_SIMULATED_BOOT_S:
@@ -342,4 +439,3 @@ def build_config(options, file_values=None, environ=os.environ):
         check_gpu_indexes(config.inject, config.gpus)
     except InjectSpecError as exc:
         raise ConfigError(str(exc)) from exc
-    return config

@@ -27,9 +27,13 @@ import os
 import pwd
 import sys
 
-from agent import scripts
-from agent.config import (DEFAULT_STATE_DIR, ConfigError, build_hygiene_config,
-                          read_config_file)
+from agent.config import (
+    DEFAULT_STATE_DIR,
+    ConfigError,
+    build_hygiene_config,
+    read_config_file,
+)
+from agent.work import scripts
 
 log = logging.getLogger("agent.hook")
 

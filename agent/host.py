@@ -2,17 +2,14 @@
 state."""
 
 import logging
-import os
 import re
 import shutil
 import socket
 import subprocess
-import uuid
 
 log = logging.getLogger(__name__)
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
-SIMULATED_BOOT_ID_FILE = "simulated_boot_id"
 SLURM_TIMEOUT_S = 5
 
 # "NodeName=gpu-001 Arch=x86_64 ... State=IDLE+DRAIN ... Reason=disk full [root@...]":
@@ -28,36 +25,6 @@ def boot_id():
     """The kernel's boot id, which changes at every boot (Linux)."""
     with open(BOOT_ID_PATH) as f:
         return f.read().strip()
-
-
-def simulated_boot_id(state_dir):
-    """A boot id for a simulated node: kept in the state dir, so an agent restart is not
-    a reboot (delete the file, or have the server reboot the node, to simulate one). Where
-    the state dir cannot be written (say --print-once as a normal user), a new id for this
-    process only."""
-    path = os.path.join(state_dir, SIMULATED_BOOT_ID_FILE)
-    try:
-        with open(path) as f:
-            stored = f.read().strip()
-        if stored:
-            return stored
-    except OSError:
-        pass
-    return new_simulated_boot_id(state_dir)
-
-
-def new_simulated_boot_id(state_dir):
-    """A new boot id for a simulated node, kept in the state dir: the node rebooted."""
-    path = os.path.join(state_dir, SIMULATED_BOOT_ID_FILE)
-    new_id = str(uuid.uuid4())
-    try:
-        os.makedirs(state_dir, mode=0o700, exist_ok=True)
-        with open(path + ".new", "w") as f:
-            f.write(new_id + "\n")
-        os.replace(path + ".new", path)
-    except OSError as exc:
-        log.debug("cannot keep the simulated boot id in %s: %s", path, exc)
-    return new_id
 
 
 class SlurmError(Exception):
@@ -114,11 +81,6 @@ def running_job_ids(node_name):
     lines = _squeue(["-w", node_name, "-t", "RUNNING,SUSPENDED,COMPLETING,CONFIGURING",
                      "-o", "%A"])
     return None if lines is None else set(lines)
-
-
-def no_slurm(node_name):
-    """A simulated node's `slurm`: it runs no Slurm, even where this machine has scontrol."""
-    return None
 
 
 def parse_scontrol_line(line):

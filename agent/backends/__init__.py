@@ -1,8 +1,6 @@
-"""Where GPU readings come from. Two backends share one small interface:
-
-- `nvml.NvmlBackend`: the real GPUs, through NVIDIA's NVML (pynvml).
-- `simulated.SimulatedBackend`: GPUs that replay a real H200 trace, with faults on a
-  schedule (--inject).
+"""Where GPU readings come from: `nvml.NvmlBackend`, the real GPUs through NVIDIA's
+NVML (pynvml), and the small interface every backend shares (the simulation's,
+agent/sim/backend.py, too), with what they build their readings and events from.
 
 A backend has:
 
@@ -16,7 +14,7 @@ A backend has:
     close()
 """
 
-from agent.protocol import event_frame
+from agent.connection.protocol import event_frame
 
 # The per-GPU fields of a sample, as PROTOCOL.md names them.
 GPU_FIELDS = (

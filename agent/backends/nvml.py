@@ -1,6 +1,6 @@
 """The real GPUs, read through NVML (nvidia-ml-py, imported as pynvml).
 
-Measured on an H200 (fixtures/h200/nvml_snapshot.json, `latency`): each getter used
+Measured on an H200 (data/h200/nvml_snapshot.json, `latency`): each getter used
 for a sample takes 2-7 us, but nvmlDeviceGetPcieThroughput blocks about 21 ms per
 call (NVML measures over a 20 ms window). So PCIe throughput is read by a background
 thread on its own slower cadence, and a sample takes the latest value it found: a

@@ -14,7 +14,7 @@ of this package with:
                             and message (no GPU needed to test it)
 
 runner.CheckRunner runs measure() in a child process (`python -m agent.checks child
-<module>`); simulated.SimulatedCheckRunner serves --simulate nodes. agent/README.md
+<module>`); a simulation has its own runner (agent/sim/checks.py). agent/README.md
 lists the checks, their params, metrics and verdict rules.
 
 Nothing here imports the agent's client (websockets), torch or CuPy at import time:

@@ -73,9 +73,9 @@ def list_checks():
 
 async def run_one(args, params):
     if args.simulate:
-        from agent.backends.simulated import SimulatedBackend
-        from agent.checks.simulated import SimulatedCheckRunner
-        from agent.inject import parse_inject
+        from agent.config import parse_inject
+        from agent.sim.backend import SimulatedBackend
+        from agent.sim.checks import SimulatedCheckRunner
 
         faults = parse_inject(args.inject) if args.inject else ()
         backend = SimulatedBackend("gpu-sim", gpu_count=args.gpus, faults=faults)

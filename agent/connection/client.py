@@ -11,7 +11,7 @@ Two loops run side by side:
   start after a connection that lasted).
 
 Checks (`run_check`) and commands (`command`) run in tasks of their own beside them, and
-so do the boot startup scripts (agent/scripts.py), once per boot, when the first `config`
+so do the boot startup scripts (agent/work/scripts.py), once per boot, when the first `config`
 after the agent starts brings them. Script results wait in the state dir (ResultSpool) until
 sent; the Slurm hook (agent/hook.py) leaves its results there too.
 """
@@ -26,10 +26,12 @@ import time
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
-from agent import __version__, host, protocol, scripts
-from agent.commands import CommandFailed
+from agent import __version__
 from agent.config import MAX_SAMPLE_INTERVAL_S, MIN_SAMPLE_INTERVAL_S
-from agent.node_token import save_node_token
+from agent.connection import protocol
+from agent.connection.node_token import save_node_token
+from agent.work import scripts
+from agent.work.commands import CommandFailed
 
 log = logging.getLogger(__name__)
 
@@ -73,56 +75,51 @@ def retry_after(error):
 
 
 class AgentClient:
+    """One node's connection to the server. config: agent.config.Config (server, token,
+    state_dir, sample_interval_s); node: agent.node.Node, started (what the client reads
+    and drives); outbox: the node's events until acked (agent.connection.outbox.Outbox);
+    node_token: the stored node token, or None; tls: an ssl.SSLContext for wss://
+    (agent.config.tls_context), None for ws://. The rest are for tests."""
+
     def __init__(
         self,
+        config,
+        node,
         *,
-        server_url,
-        join_token,
-        node_token,
-        node_name,
-        boot_id,
-        state_dir,
-        backend,
-        node_metrics,
         outbox,
-        watchers=(),
-        check_runner=None,
-        read_slurm=host.slurm_status,
-        command_handler=None,
-        hygiene_status=None,
-        sample_interval_s=1.0,
+        node_token=None,
+        tls=None,
         backoff_base_s=BACKOFF_BASE_S,
         backoff_cap_s=BACKOFF_CAP_S,
         stable_connection_s=STABLE_CONNECTION_S,
         rng=random,
-        tls=None,
     ):
-        self.server_url = server_url
-        self._tls = tls  # an ssl.SSLContext for wss:// (agent.config.tls_context); None: ws://
-        self.node_name = node_name
-        self.boot_id = boot_id
-        self.sample_interval_s = sample_interval_s
+        self.server_url = config.server
+        self._tls = tls
+        self.node_name = node.name
+        self.boot_id = node.boot_id
+        self.sample_interval_s = config.sample_interval_s
         self.startup_scripts = []  # from `config`, saved in the state dir for the hook
-        self._join_token = join_token
+        self._join_token = config.token
         self._node_token = node_token
         self._node_token_refused = False
-        self._state_dir = state_dir
-        self._backend = backend
-        self._node_metrics = node_metrics
+        self._state_dir = config.state_dir
+        self._backend = node.backend
+        self._node_metrics = node.node_metrics
         self._outbox = outbox
-        self._watchers = list(watchers)
-        self._check_runner = check_runner
-        self._read_slurm = read_slurm  # the hello's `slurm`; simulated nodes run no Slurm
+        self._watchers = list(node.watchers)
+        self._check_runner = node.check_runner
+        self._read_slurm = node.read_slurm  # the hello's `slurm`
         self._check_tasks = {}  # run_id -> the task running it
         # check_result and command_result frames that came while disconnected
         self._unsent_results = []
-        self._command_handler = command_handler
+        self._command_handler = node.command_handler
         # Node hygiene's readings (agent.hygiene.Hygiene.status): a callable, or None.
-        self._hygiene_status = hygiene_status
+        self._hygiene_status = node.hygiene_status
         self._hygiene_sent = None  # (readings less their times, when sent) on this connection
         self._command_tasks = {}  # command id -> the task carrying it out
         self._command_answers = {}  # command id -> the latest command_result sent for it
-        self._back_at = None  # a simulated reboot: time.monotonic() when the node is up again
+        self._back_at = None  # reboot_into(): time.monotonic() when the node is up again
         self._backoff_base_s = backoff_base_s
         self._backoff_cap_s = backoff_cap_s
         self._stable_connection_s = stable_connection_s
@@ -132,7 +129,7 @@ class AgentClient:
         self._welcomed_at = None
         self._resend_tasks = set()  # events the server asked for again (retry_id)
         self._interval_changed = asyncio.Event()
-        self._spool = scripts.ResultSpool(state_dir)
+        self._spool = scripts.ResultSpool(config.state_dir)
         self._spool_lock = asyncio.Lock()
         self._boot_task = None  # the node_boot scripts, while they run
 
@@ -243,7 +240,7 @@ class AgentClient:
     async def _connect_forever(self):
         attempt = 0
         while True:
-            if self._back_at is not None:  # a simulated reboot: down for the boot, then at once
+            if self._back_at is not None:  # reboot_into(): down for the boot, then at once
                 await asyncio.sleep(max(0.0, self._back_at - time.monotonic()))
                 self._back_at = None
                 attempt = 0
@@ -300,62 +297,11 @@ class AgentClient:
     async def _serve(self, ws):
         """hello, welcome, resend the outbox, then answer the server until it closes."""
         resending = None
-        gpus = self._backend.gpus()
-        slurm = await asyncio.to_thread(self._read_slurm, self.node_name)
-        dropped = self._outbox.dropped()
-        hello = protocol.hello_frame(
-            node=self.node_name,
-            boot_id=self.boot_id,
-            agent_version=__version__,
-            driver_version=self._backend.driver_version,
-            cuda_version=self._backend.cuda_version,
-            gpus=gpus,
-            slurm=slurm,
-            outbox_dropped=dropped,
-        )
         try:
-            await ws.send(protocol.encode(hello))
-            try:
-                async with asyncio.timeout(WELCOME_TIMEOUT_S) as welcome_due:
-                    while True:
-                        frame = _parse(await ws.recv())
-                        if frame is None:
-                            continue
-                        if frame["type"] == "error" and frame.get("code") in (
-                                "server_error", "rate_limited"):
-                            # The server could not take the hello now (its database is
-                            # away, it has many in hand): say it again on this connection.
-                            delay = retry_after(frame)
-                            log.warning("the server could not take the hello (%s: %s); again "
-                                        "in %.1f s", frame["code"], frame.get("message"), delay)
-                            await asyncio.sleep(delay)
-                            await ws.send(protocol.encode(hello))
-                            welcome_due.reschedule(
-                                asyncio.get_running_loop().time() + WELCOME_TIMEOUT_S)
-                            continue
-                        await self._handle(ws, frame)
-                        if frame["type"] == "welcome":
-                            break
-            except TimeoutError:
-                log.error("the server sent no welcome within %.0f s", WELCOME_TIMEOUT_S)
+            gpus = await self._handshake(ws)
+            if gpus is None:
                 return
-            if dropped:
-                self._outbox.told(dropped)
-
-            # Take the outbox and go live with no await in between: an event added
-            # from here on is sent by emit(), one added before is in `pending`.
-            pending = self._outbox.pending()
-            self._seq = 0
-            self._hygiene_sent = None  # the first sample on a connection carries it
-            self._ws = ws
-            self._welcomed_at = time.monotonic()
-            log.info(
-                "connected to %s as %s with %d GPUs; resending %d unacked events",
-                self.server_url,
-                self.node_name,
-                len(gpus),
-                len(pending),
-            )
+            pending = self._go_live(ws, gpus)
             resending = asyncio.ensure_future(self._resend_paced(ws, pending))
             results, self._unsent_results = self._unsent_results, []
             for result in results:
@@ -372,6 +318,68 @@ class AgentClient:
             self._ws = None
             if resending is not None:
                 resending.cancel()
+
+    async def _handshake(self, ws):
+        """Say hello (again, while the server cannot take it) until the welcome; the hello's
+        GPUs, or None when no welcome came in time (logged). Raises ConnectionClosed."""
+        gpus = self._backend.gpus()
+        slurm = await asyncio.to_thread(self._read_slurm, self.node_name)
+        dropped = self._outbox.dropped()
+        hello = protocol.hello_frame(
+            node=self.node_name,
+            boot_id=self.boot_id,
+            agent_version=__version__,
+            driver_version=self._backend.driver_version,
+            cuda_version=self._backend.cuda_version,
+            gpus=gpus,
+            slurm=slurm,
+            outbox_dropped=dropped,
+        )
+        await ws.send(protocol.encode(hello))
+        try:
+            async with asyncio.timeout(WELCOME_TIMEOUT_S) as welcome_due:
+                while True:
+                    frame = _parse(await ws.recv())
+                    if frame is None:
+                        continue
+                    if frame["type"] == "error" and frame.get("code") in (
+                            "server_error", "rate_limited"):
+                        # The server could not take the hello now (its database is
+                        # away, it has many in hand): say it again on this connection.
+                        delay = retry_after(frame)
+                        log.warning("the server could not take the hello (%s: %s); again "
+                                    "in %.1f s", frame["code"], frame.get("message"), delay)
+                        await asyncio.sleep(delay)
+                        await ws.send(protocol.encode(hello))
+                        welcome_due.reschedule(
+                            asyncio.get_running_loop().time() + WELCOME_TIMEOUT_S)
+                        continue
+                    await self._handle(ws, frame)
+                    if frame["type"] == "welcome":
+                        break
+        except TimeoutError:
+            log.error("the server sent no welcome within %.0f s", WELCOME_TIMEOUT_S)
+            return None
+        if dropped:
+            self._outbox.told(dropped)
+        return gpus
+
+    def _go_live(self, ws, gpus):
+        """Take the outbox and go live with no await in between: an event added from here
+        on is sent by emit(), one added before is in the list returned (to resend)."""
+        pending = self._outbox.pending()
+        self._seq = 0
+        self._hygiene_sent = None  # the first sample on a connection carries it
+        self._ws = ws
+        self._welcomed_at = time.monotonic()
+        log.info(
+            "connected to %s as %s with %d GPUs; resending %d unacked events",
+            self.server_url,
+            self.node_name,
+            len(gpus),
+            len(pending),
+        )
+        return pending
 
     async def _resend_paced(self, ws, pending):
         """The outbox as it was at the welcome, oldest first: RESEND_BURST at once, then
@@ -631,7 +639,7 @@ class AgentClient:
         return frame
 
     async def reboot_into(self, boot_id, down_s):
-        """A simulated reboot (agent.commands.SimulatedReboot): the connection closes as a
+        """A reboot the agent itself plays (agent/sim/boot.py): the connection closes as a
         rebooting node's does, the checks running die with the node, and `down_s` later
         the agent says hello again with `boot_id`."""
         self.boot_id = boot_id

@@ -18,12 +18,11 @@ queue. `close()` stops a watcher's threads.
     slurm_drain       slurm_drain (no GPU)          warning   `cleared` when the drain ends
     (backend)         gpu_lost                      critical  edge, from read_gpus()
 
-make_watchers(config, backend) builds the set for a backend and starts it:
-
-- NVML: throttle, ecc, Xid from /dev/kmsg (--kmsg) and NVML events, row remap, GPU
-  recovery action, and Slurm drain where `scontrol` exists;
-- simulated: throttle, ecc, Xid from the backend's simulated kernel log (a simulated
-  node is not a Slurm node, even on a machine with scontrol).
+make_watchers(config, backend) builds the set for the NVML backend and starts it:
+throttle, ecc, Xid from /dev/kmsg (--kmsg) and NVML events, row remap, GPU recovery
+action, and Slurm drain where `scontrol` exists. reading_watchers(config) are the ones
+that need only the sample's readings (throttle, ecc): a backend without NVML (the
+simulation's, agent/sim) starts from them.
 
 From a script, for N seconds on the real GPUs (what `python -m agent.detectors
 --seconds N` does, printing each event as a JSON line):
@@ -62,37 +61,38 @@ from agent.detectors.xid import XidWatcher
 log = logging.getLogger(__name__)
 
 
+def reading_watchers(config):
+    """The watchers that read only the sample's readings: throttle and ECC."""
+    return [ThrottleWatcher(hold_s=config.throttle_hold_s), EccWatcher()]
+
+
 def make_watchers(config, backend):
-    """The started watchers for this backend; close them with close_watchers().
+    """The started watchers for the NVML backend; close them with close_watchers().
     config: agent.config.Config (throttle_hold_s, kmsg_path, node_name)."""
     from agent.backends.nvml import NvmlBackend
-    from agent.backends.simulated import SimulatedBackend
 
-    gpus = backend.gpus()
-    watchers = [ThrottleWatcher(hold_s=config.throttle_hold_s), EccWatcher()]
-    if isinstance(backend, SimulatedBackend):
-        watchers.append(XidWatcher(gpus, [backend.kernel_log]))
-    elif isinstance(backend, NvmlBackend):
-        handles = backend.handles()
-        sources = [KmsgReader(config.kmsg_path), NvmlXidEvents(backend.nvml, handles)]
-        sources = [source for source in sources if source.available]
-        if sources:
-            for source in sources:
-                source.start()
-            watchers.append(XidWatcher(gpus, sources))
-        else:
-            log.error("no Xid source: neither the kernel log nor NVML events can be read")
-        threaded = [
-            RowRemapWatcher(backend.nvml, handles),
-            RecoveryActionWatcher(backend.nvml, handles),
-        ]
-        if shutil.which("scontrol") is not None:
-            threaded.append(SlurmDrainWatcher(config.node_name))
-        for watcher in threaded:
-            watcher.start()
-            watchers.append(watcher)
-    else:
+    if not isinstance(backend, NvmlBackend):
         raise TypeError(f"no watchers for a {type(backend).__name__}")
+    gpus = backend.gpus()
+    watchers = reading_watchers(config)
+    handles = backend.handles()
+    sources = [KmsgReader(config.kmsg_path), NvmlXidEvents(backend.nvml, handles)]
+    sources = [source for source in sources if source.available]
+    if sources:
+        for source in sources:
+            source.start()
+        watchers.append(XidWatcher(gpus, sources))
+    else:
+        log.error("no Xid source: neither the kernel log nor NVML events can be read")
+    threaded = [
+        RowRemapWatcher(backend.nvml, handles),
+        RecoveryActionWatcher(backend.nvml, handles),
+    ]
+    if shutil.which("scontrol") is not None:
+        threaded.append(SlurmDrainWatcher(config.node_name))
+    for watcher in threaded:
+        watcher.start()
+        watchers.append(watcher)
     return watchers
 
 

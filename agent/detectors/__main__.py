@@ -17,12 +17,11 @@ import time
 
 from agent import host
 from agent.backends import BackendUnavailable
-from agent.config import Config
+from agent.config import Config, InjectSpecError, check_gpu_indexes, parse_inject
 from agent.detectors import close_watchers, make_watchers
 from agent.detectors.kernel_log import KMSG_PATH
 from agent.detectors.throttle import THROTTLE_HOLD_S
 from agent.detectors.xid import XidWatcher
-from agent.inject import InjectSpecError, check_gpu_indexes, parse_inject
 
 log = logging.getLogger("agent.detectors")
 
@@ -51,12 +50,11 @@ def main(argv=None):
         throttle_hold_s=args.throttle_hold,
     )
     try:
-        backend = make_backend(args, config)
+        backend, watchers = start(args, config)
     except (BackendUnavailable, InjectSpecError) as exc:
         print(f"agent.detectors: {exc}", file=sys.stderr)
         return 2
 
-    watchers = make_watchers(config, backend)
     try:
         describe(watchers)
         run(backend, watchers, args.seconds, args.interval)
@@ -68,16 +66,21 @@ def main(argv=None):
     return 0
 
 
-def make_backend(args, config):
+def start(args, config):
+    """The backend and its started watchers: this machine's GPUs, or with --simulate the
+    simulated node's (agent/sim)."""
     if args.simulate:
-        from agent.backends.simulated import SimulatedBackend
+        from agent.sim.backend import SimulatedBackend
+        from agent.sim.node import simulated_watchers
 
         faults = parse_inject(args.inject) if args.inject else []
         check_gpu_indexes(faults, 8)
-        return SimulatedBackend(config.node_name, faults=faults)
+        backend = SimulatedBackend(config.node_name, faults=faults)
+        return backend, simulated_watchers(config, backend)
     from agent.backends.nvml import NvmlBackend
 
-    return NvmlBackend()
+    backend = NvmlBackend()
+    return backend, make_watchers(config, backend)
 
 
 def describe(watchers):

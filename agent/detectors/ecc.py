@@ -10,7 +10,7 @@ reloaded) sets a new baseline."""
 
 import time
 
-from agent.protocol import event_frame
+from agent.connection.protocol import event_frame
 
 ECC_QUIET_S = 3600.0
 

@@ -18,15 +18,14 @@ events (the server closes Xids on a reboot, not on an agent restart). A kernel l
 cannot be read (no permission, no /dev/kmsg) is logged once, and Xids then come from
 NVML's events only.
 
-SimulatedKernelLog is the simulated backend's kernel log: the backend writes kmsg
-records into it and the Xid watcher reads them through the same parser."""
+The simulated backend's kernel log (agent/sim/kernel_log.py) goes through the same
+parser."""
 
 import errno
 import logging
 import os
 import re
 import select
-import time
 
 from agent.detectors.xid import XidSignal, XidSource
 
@@ -143,25 +142,3 @@ class KmsgReader(XidSource):
                     log.debug("%s: %s", self.path, signal.kernel_line)
                     self._signals.put(signal)
 
-
-class SimulatedKernelLog:
-    source = "simulated_kmsg"
-
-    def __init__(self):
-        self._records = []
-        self._seq = 0
-        self._started = time.monotonic()
-
-    def write(self, message, priority=4):
-        """Append a message as a kmsg record (priority 4: kernel, warning)."""
-        micros = int((time.monotonic() - self._started) * 1e6)
-        self._records.append(f"{priority},{self._seq},{micros},-;{message}")
-        self._seq += 1
-
-    def take_signals(self):
-        records, self._records = self._records, []
-        signals = (parse_xid_line(record, self.source) for record in records)
-        return [signal for signal in signals if signal is not None]
-
-    def close(self):
-        pass  # nothing to release

@@ -15,8 +15,8 @@ not read again; a lost GPU neither (the backend reports it)."""
 
 import logging
 
+from agent.connection.protocol import event_frame
 from agent.detectors.polling import PollingWatcher
-from agent.protocol import event_frame
 
 log = logging.getLogger(__name__)
 

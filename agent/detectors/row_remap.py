@@ -12,8 +12,8 @@ backend reports it)."""
 
 import logging
 
+from agent.connection.protocol import event_frame
 from agent.detectors.polling import PollingWatcher
-from agent.protocol import event_frame
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ it is logged once until it works again."""
 import logging
 
 from agent import host
+from agent.connection.protocol import event_frame
 from agent.detectors.polling import PollingWatcher
-from agent.protocol import event_frame
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from agent.backends import (
     CLOCK_EVENT_HW_THERMAL,
     CLOCK_EVENT_SW_THERMAL,
 )
-from agent.protocol import event_frame
+from agent.connection.protocol import event_frame
 
 THROTTLE_HOLD_S = 10.0
 

@@ -14,7 +14,7 @@ Each source hands over XidSignals. The watcher groups them by (GPU, code) into b
 - a burst ends once it has been quiet for `window_s`; the next signal starts a new one.
 
 Severity is always "critical": the server sets an Xid's severity from NVIDIA's catalog.
-The message is the catalog's description of the code (agent/fixtures/xid_catalog.tsv)."""
+The message is the catalog's description of the code (agent/data/xid_catalog.tsv)."""
 
 import queue
 import threading
@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import resources
 
-from agent.protocol import event_frame
+from agent.connection.protocol import event_frame
 
 WINDOW_S = 10.0
 
@@ -63,7 +63,7 @@ class XidSignal:
     """One Xid as one source saw it. A kernel line names the GPU by PCI address, NVML by
     uuid. `extra` holds what the line adds (Xid 154: the recovery action)."""
 
-    source: str  # "kmsg", "nvml", "simulated_kmsg"
+    source: str  # "kmsg", "nvml", or another XidSource's (the simulation's kernel log)
     code: int
     pci_bus_id: str | None = None
     gpu_uuid: str | None = None
@@ -72,8 +72,8 @@ class XidSignal:
 
 
 def load_xid_descriptions():
-    """{code: description} from agent/fixtures/xid_catalog.tsv (NVIDIA's Xid catalog)."""
-    lines = (resources.files("agent") / "fixtures" / "xid_catalog.tsv").read_text().splitlines()
+    """{code: description} from agent/data/xid_catalog.tsv (NVIDIA's Xid catalog)."""
+    lines = (resources.files("agent") / "data" / "xid_catalog.tsv").read_text().splitlines()
     header = lines[0].split("\t")
     code_column, description_column = header.index("code"), header.index("description")
     descriptions = {}

@@ -12,10 +12,10 @@ signals of agent/detectors.
     gres          NVML's GPUs against Slurm's gres; the          gres_drift
                   `reconfigure` repair (command `reconfigure`)
 
-make_hygiene(config, backend) builds them for a node read through NVML: the process
+make_hygiene(config, nvml) builds them for a node read through NVML: the process
 watcher everywhere, the rest where scontrol exists (a Slurm node). Their readings travel
-in samples (`hygiene`, Hygiene.status()); their events like every other watcher's. A
-simulated node (--simulate, the demo fleet) simulates them (simulated.py).
+in samples (`hygiene`, Hygiene.status()); their events like every other watcher's. (The
+simulation's own hygiene is agent/sim/hygiene.py.)
 """
 
 import asyncio
@@ -23,7 +23,7 @@ import logging
 import shutil
 
 from agent import host
-from agent.commands import CommandFailed
+from agent.work.commands import CommandFailed
 
 log = logging.getLogger(__name__)
 
@@ -106,37 +106,24 @@ class HygieneCommands:
             log.warning("comparing Slurm's GPUs after the reconfigure failed: %s", exc)
 
 
-def make_hygiene(config, backend, *, job_every_s=None):
-    """The started Hygiene for this node (close its watchers with the others'). On NVML:
-    the watchers (none with hygiene off). On --simulate: agent/hygiene/simulated.py's
-    simulation (with a clean job ending about every `job_every_s`, when given), or, with
-    hygiene asked for, the real watchers on this machine's processes and Slurm daemons
-    beside the simulated GPUs (the tests), or none with hygiene off."""
-    from agent.backends.simulated import SimulatedBackend
-    from agent.hygiene.simulated import SimulatedHygiene
-
-    settings = config.hygiene
-    if settings.enabled is False:
+def make_hygiene(config, nvml=None, *, read_gpus=None):
+    """The started Hygiene for this node (close its watchers with the others'), or none
+    with hygiene off. nvml: the NVML module the node's GPUs are read through; read_gpus:
+    the GPUs in gres.nvml_gpus()'s shape where they are not (default: NVML's)."""
+    if config.hygiene.enabled is False:
         return Hygiene()
-    if isinstance(backend, SimulatedBackend) and settings.enabled is None:
-        simulated = SimulatedHygiene(config.node_name, backend, config.inject,
-                                     job_every_s=job_every_s)
-        parts = {part: (lambda part=part: simulated.status_of(part))
-                 for part in ("slurmd", "processes", "gres")}
-        return Hygiene(watchers=[simulated], parts=parts, commands=simulated)
-    return _watching(config, backend)
+    return _watching(config, nvml, read_gpus)
 
 
-def _watching(config, backend):
+def _watching(config, nvml, read_gpus):
     """The real watchers, started."""
-    from agent.hygiene.gres import GresWatcher, nvml_gpus, simulated_gpus
+    from agent.hygiene.gres import GresWatcher, nvml_gpus
     from agent.hygiene.job_cleanup import LeftoversWatcher
     from agent.hygiene.processes import ProcessWatcher
     from agent.hygiene.slurmd import SlurmdWatcher
 
     settings = config.hygiene
     node = config.node_name
-    nvml = getattr(backend, "nvml", None)  # None: simulated GPUs
     slurm = shutil.which("scontrol") is not None
     processes = ProcessWatcher(
         running_job_ids=(lambda: host.running_job_ids(node)) if slurm else (lambda: None),
@@ -150,9 +137,8 @@ def _watching(config, backend):
             restart_command=settings.slurmd_restart_command, restart=settings.slurmd_restart,
             flap_count=settings.slurmd_flap_count, flap_window_s=settings.slurmd_flap_window_s)
         device_dir = settings.gpu_device_dir
-        read_gpus = ((lambda: nvml_gpus(nvml, device_dir=device_dir)) if nvml is not None
-                     else (lambda: simulated_gpus(backend, device_dir=device_dir)))
-        gres_watcher = GresWatcher(node_name=node, read_gpus=read_gpus,
+        read = read_gpus or (lambda: nvml_gpus(nvml, device_dir=device_dir))
+        gres_watcher = GresWatcher(node_name=node, read_gpus=read,
                                    gres_conf=settings.gres_conf,
                                    interval_s=settings.gres_check_interval_s)
         watchers += [slurmd, gres_watcher]

@@ -66,8 +66,8 @@ import time
 from dataclasses import dataclass
 
 from agent import host
+from agent.connection.protocol import MESSAGE_LIMIT, event_frame, truncated
 from agent.detectors.polling import PollingWatcher
-from agent.protocol import MESSAGE_LIMIT, event_frame, truncated
 
 log = logging.getLogger(__name__)
 
@@ -142,14 +142,6 @@ def mig_problem(gpus):
 
 
 # --- scontrol --------------------------------------------------------------------------------
-
-
-def simulated_gpus(backend, *, device_dir="/dev"):
-    """A simulated node's GPUs in nvml_gpus()'s shape, their minor numbers their indexes
-    (as on the real H200: GPU 0 is minor 0), beside this machine's real Slurm (tests)."""
-    return [{"index": gpu["index"], "uuid": gpu["uuid"], "minor": gpu["index"],
-             "device": f"{device_dir}/nvidia{gpu['index']}", "mig": False}
-            for gpu in backend.gpus()]
 
 
 def scontrol(*args):
@@ -566,7 +558,7 @@ class GresWatcher(PollingWatcher):
     thread_name = "gres"
 
     def __init__(self, *, node_name, read_gpus, gres_conf=None, interval_s=GRES_INTERVAL_S):
-        """read_gpus() -> the node's GPUs as nvml_gpus() gives them (or simulated_gpus())."""
+        """read_gpus() -> the node's GPUs as nvml_gpus() gives them."""
         super().__init__(interval_s)
         self.node_name = node_name
         self.read_gpus = read_gpus
@@ -672,6 +664,46 @@ def reconfigure(*, node_name, gpus, gres_conf, device_dir, restart_slurmd):
     would have to change; a count slurmctld refuses. Every refusal comes before the
     first change."""
     path = gres_conf or default_gres_conf_path()
+    plan = _plan(node_name, gpus, path, device_dir)
+    if plan.before.match:
+        return {"before": [], "after": [], "gres_conf": path, "gres": plan.view["gres"],
+                "message": f"Slurm's view of {node_name}'s GPUs already matches the hardware"}
+    done = _apply(node_name, gpus, plan, restart_slurmd)
+    after = _verify(node_name, gpus, path, done)
+    if after:
+        raise ReconfigureFailed(
+            f"{'; '.join(done)}, but Slurm's view still differs after {VERIFY_WAIT_S:g} s: "
+            f"{'; '.join(after)}")
+    return {
+        "before": plan.before.problems,
+        "after": [],
+        "gres_conf": path,
+        "gres": plan.new_gres,
+        "message": f"{'; '.join(done)}: Slurm's view of {node_name}'s GPUs matches the hardware",
+    }
+
+
+@dataclass
+class ReconfigurePlan:
+    """What reconfigure() changes: Slurm's view before (`view`, compared: `before`), the
+    controller's Gres after (`new_gres`), and gres.conf's text before and after (None when
+    it is not rewritten)."""
+
+    path: str
+    view: dict
+    before: Comparison
+    new_gres: str
+    old_text: str | None = None
+    new_text: str | None = None
+
+    @property
+    def rewrite(self):
+        return self.new_text is not None
+
+
+def _plan(node_name, gpus, path, device_dir):
+    """The ReconfigurePlan, every refusal first (ReconfigureFailed): a refusal leaves the
+    node as it was. A plan whose `before` matches needs nothing done."""
     if not gpus:
         raise ReconfigureFailed(f"NVML sees no GPU on {node_name}: there is nothing to give "
                                 f"Slurm")
@@ -681,65 +713,66 @@ def reconfigure(*, node_name, gpus, gres_conf, device_dir, restart_slurmd):
             f"{mig}; this repair does not configure MIG: describe the MIG devices in "
             f"gres.conf by hand (or AutoDetect=nvml), then restart slurmd")
     view = _view_or_fail(node_name, path)
-    before = compare(gpus, view)
-    new_gres = gres_with_gpu_count(view["gres"], len(gpus))
-    if before.match:
-        return {"before": [], "after": [], "gres_conf": path, "gres": view["gres"],
-                "message": f"Slurm's view of {node_name}'s GPUs already matches the hardware"}
+    plan = ReconfigurePlan(path=path, view=view, before=compare(gpus, view),
+                           new_gres=gres_with_gpu_count(view["gres"], len(gpus)))
+    if plan.before.match:
+        return plan
     missing = [gpu["device"] for gpu in gpus if not os.path.exists(gpu["device"])]
     if missing:
         raise ReconfigureFailed(
             f"the device files {', '.join(missing)} are missing: the driver has not made "
             f"them (nvidia-modprobe -c <minor>, or a reboot); gres.conf cannot fix that")
 
-    # Everything that can refuse comes first: a refusal leaves the node as it was.
     devices = {os.path.normpath(gpu["device"]) for gpu in gpus}
-    rewrite = view["autodetect"] != "nvml" and set(view["files"]) != devices
-    old_text = new_text = None
-    if rewrite:
-        configless = configless_reason(path)
-        if configless is not None:
-            raise ReconfigureFailed(
-                f"Slurm runs configless here ({configless}): {node_name} reads gres.conf "
-                f"from slurmctld, there is no local gres.conf to edit. Correct {node_name}'s "
-                f"GPU line in the controller's gres.conf "
-                f"(`{node_gpu_line(node_name, gpus, device_dir)}`), then `scontrol "
-                f"reconfigure`; nothing was changed")
-        try:
-            with open(path) as f:
-                old_text = f.read()
-        except FileNotFoundError:
-            old_text = ""
-        except OSError as exc:
-            raise ReconfigureFailed(f"cannot read {path}: {exc}") from exc
-        try:
-            new_text = rewrite_gres_conf(old_text, node_name=node_name, gpus=gpus,
-                                         device_dir=device_dir)
-        except host.SlurmError as exc:
-            raise ReconfigureFailed(f"cannot rewrite {path}: {exc}") from exc
-        except ReconfigureFailed as exc:
-            raise ReconfigureFailed(f"{path}: {exc}") from exc
+    if view["autodetect"] == "nvml" or set(view["files"]) == devices:
+        return plan
+    configless = configless_reason(path)
+    if configless is not None:
+        raise ReconfigureFailed(
+            f"Slurm runs configless here ({configless}): {node_name} reads gres.conf "
+            f"from slurmctld, there is no local gres.conf to edit. Correct {node_name}'s "
+            f"GPU line in the controller's gres.conf "
+            f"(`{node_gpu_line(node_name, gpus, device_dir)}`), then `scontrol "
+            f"reconfigure`; nothing was changed")
+    try:
+        with open(path) as f:
+            plan.old_text = f.read()
+    except FileNotFoundError:
+        plan.old_text = ""
+    except OSError as exc:
+        raise ReconfigureFailed(f"cannot read {path}: {exc}") from exc
+    try:
+        plan.new_text = rewrite_gres_conf(plan.old_text, node_name=node_name, gpus=gpus,
+                                          device_dir=device_dir)
+    except host.SlurmError as exc:
+        raise ReconfigureFailed(f"cannot rewrite {path}: {exc}") from exc
+    except ReconfigureFailed as exc:
+        raise ReconfigureFailed(f"{path}: {exc}") from exc
+    return plan
 
+
+def _apply(node_name, gpus, plan, restart_slurmd):
+    """Carry out the plan: the controller's count (tried first: Slurm 22.05 refuses it for
+    GPUs with device files, and a refusal leaves the node as it was), gres.conf, slurmd's
+    restart. What was done, one phrase each; raises ReconfigureFailed."""
     done = []
-    if view["gres_gpus"] != len(gpus):
-        # Refused by Slurm 22.05 for GPUs with device files: tried before anything on the
-        # node changes, so a refusal leaves the node as it was.
+    if plan.view["gres_gpus"] != len(gpus):
         try:
-            scontrol("update", f"NodeName={node_name}", f"Gres={new_gres}")
+            scontrol("update", f"NodeName={node_name}", f"Gres={plan.new_gres}")
         except host.SlurmError as exc:
             raise ReconfigureFailed(
-                f"slurmctld refused Gres={new_gres} for {node_name} ({exc}); Slurm takes "
-                f"this count from slurm.conf: set Gres={new_gres} on {node_name}'s NodeName "
-                f"line there (controller and nodes), then restart slurmctld") from exc
-        done.append(f"the controller's Gres set to {new_gres}")
+                f"slurmctld refused Gres={plan.new_gres} for {node_name} ({exc}); Slurm takes "
+                f"this count from slurm.conf: set Gres={plan.new_gres} on {node_name}'s "
+                f"NodeName line there (controller and nodes), then restart slurmctld") from exc
+        done.append(f"the controller's Gres set to {plan.new_gres}")
 
-    if view["autodetect"] == "nvml":
+    if plan.view["autodetect"] == "nvml":
         done.append("gres.conf left alone (AutoDetect=nvml)")
-    elif rewrite and new_text != old_text:
+    elif plan.rewrite and plan.new_text != plan.old_text:
         try:
-            write_gres_conf(path, new_text)
+            write_gres_conf(plan.path, plan.new_text)
         except OSError as exc:
-            raise ReconfigureFailed(f"cannot write {path}: {exc}") from exc
+            raise ReconfigureFailed(f"cannot write {plan.path}: {exc}") from exc
         done.append(f"gres.conf rewritten for {gpus_text(len(gpus))}")
 
     ok, message = restart_slurmd()
@@ -747,19 +780,7 @@ def reconfigure(*, node_name, gpus, gres_conf, device_dir, restart_slurmd):
         raise ReconfigureFailed(f"{'; '.join(done) or 'nothing changed'}, but slurmd did not "
                                 f"restart: {message}")
     done.append("slurmd restarted")
-
-    after = _verify(node_name, gpus, path, done)
-    if after:
-        raise ReconfigureFailed(
-            f"{'; '.join(done)}, but Slurm's view still differs after {VERIFY_WAIT_S:g} s: "
-            f"{'; '.join(after)}")
-    return {
-        "before": before.problems,
-        "after": [],
-        "gres_conf": path,
-        "gres": new_gres,
-        "message": f"{'; '.join(done)}: Slurm's view of {node_name}'s GPUs matches the hardware",
-    }
+    return done
 
 
 def parse_show_config(text):

@@ -34,6 +34,7 @@ import stat
 import tempfile
 import time
 
+from agent.connection.protocol import counted, event_frame
 from agent.detectors.polling import PollingWatcher
 from agent.hygiene.processes import (
     is_running,
@@ -45,7 +46,6 @@ from agent.hygiene.processes import (
     user_name,
     wait_until,
 )
-from agent.protocol import counted, event_frame
 
 log = logging.getLogger(__name__)
 

@@ -34,8 +34,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from agent.connection.protocol import counted, event_frame, truncated
 from agent.detectors.polling import PollingWatcher
-from agent.protocol import counted, event_frame, truncated
 
 log = logging.getLogger(__name__)
 

@@ -55,8 +55,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from agent.connection.protocol import event_frame
 from agent.detectors.polling import PollingWatcher
-from agent.protocol import event_frame
 
 log = logging.getLogger(__name__)
 

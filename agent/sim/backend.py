@@ -1,9 +1,9 @@
-"""GPUs that replay a real H200: fixtures/h200/nvml_trace.json is 28 s of one H200 read
+"""GPUs that replay a real H200: data/h200/nvml_trace.json is 28 s of one H200 read
 every ~0.15 s (idle, then a bf16 matmul load, then cooling down), and
-fixtures/h200/nvml_snapshot.json gives its static facts. Each simulated GPU plays the
+data/h200/nvml_snapshot.json gives its static facts. Each simulated GPU plays the
 trace in a loop, in real time, offset in phase so the GPUs differ.
 
-Faults from --inject (agent/inject.py) change what the node shows, on their schedule,
+Faults from --inject (agent/sim/inject.py) change what the node shows, on their schedule,
 and the same detectors as on a real node find them (agent/detectors, through
 make_watchers): a thermal fault sets the HW thermal bit (0x40) and the temperature in
 the readings; an Xid writes a real-format NVRM line into `kernel_log`, the simulated
@@ -18,9 +18,9 @@ import uuid
 from importlib import resources
 
 from agent.backends import CLOCK_EVENT_HW_THERMAL, cuda_version_text, gpu_lost_event
-from agent.detectors.kernel_log import SimulatedKernelLog
 from agent.detectors.xid import load_xid_descriptions
-from agent.inject import HYGIENE_FAULTS, XID_STORM_LINES
+from agent.sim.inject import HYGIENE_FAULTS, XID_STORM_LINES
+from agent.sim.kernel_log import SimulatedKernelLog
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +34,8 @@ _XID_154_TEXT = "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot
 
 
 def load_fixture(name):
-    """A JSON file from agent/fixtures/h200/."""
-    path = resources.files("agent") / "fixtures" / "h200" / name
+    """A JSON file from agent/data/h200/."""
+    path = resources.files("agent") / "data" / "h200" / name
     return json.loads(path.read_text())
 
 
@@ -80,7 +80,7 @@ class SimulatedBackend:
         self.kernel_log = SimulatedKernelLog()
         self._clock = clock
         self._start = clock()
-        # Node hygiene's faults are agent/hygiene/simulated.py's, not the GPUs'.
+        # Node hygiene's faults are agent/sim/hygiene.py's, not the GPUs'.
         self._faults = [fault for fault in faults if fault.kind not in HYGIENE_FAULTS]
         self._fired = set()  # indexes of the one-time faults already applied
         self._xid_descriptions = load_xid_descriptions()

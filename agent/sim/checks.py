@@ -6,7 +6,7 @@ GPUs, and the metrics say "simulated": true:
 
 - gpu_compute: 788 TFLOP/s per GPU, and gpu_memory_bandwidth: 4.3 TB/s (an H200
   through PyTorch: bf16 8192^3 products, a 4 GiB device-to-device copy), within 2%;
-- nvml_sanity: the readings of a real H200 (agent/fixtures/h200/nvml_snapshot.json);
+- nvml_sanity: the readings of a real H200 (agent/data/h200/nvml_snapshot.json);
 - storage: a real disk's figures (STORAGE_WRITE_MBPS, STORAGE_READ_MBPS), within 5%;
   nothing is written;
 - nccl: the error of a node without nccl-tests.
@@ -19,11 +19,11 @@ import asyncio
 import random
 
 from agent.backends import CLOCK_EVENT_HW_THERMAL
-from agent.backends.simulated import load_fixture
 from agent.checks import CHECKS, CheckError, error
 from agent.checks.gpu_memory_bandwidth import DEFAULT_BYTES
 from agent.checks.nccl import NOT_INSTALLED
 from agent.checks.runner import prepare
+from agent.sim.backend import load_fixture
 
 H200_BF16_TFLOPS = 788.0
 H200_COPY_TBPS = 4.3

@@ -1,15 +1,17 @@
-"""`python -m agent.fleet`: many simulated nodes in one process, for demos and load tests.
+"""`python -m agent.sim.fleet`: many simulated nodes in one process, for demos and load
+tests.
 
-Each node is a full AgentClient (hello, samples, durable events, tokens, backoff) on the
-simulated backend, with its own state dir under --state-dir:
+Each node is a full AgentClient (hello, samples, durable events, tokens, backoff) on a
+simulated node (agent.sim.build_simulated_node, as `python -m agent --simulate` runs),
+with its own state dir under --state-dir:
 
     <state-dir>/<node>/node_token          the node's token (a join token is used without)
     <state-dir>/<node>/simulated_boot_id   its boot id (new at each reboot the server asks)
     <state-dir>/<node>/inject              optional: --inject specs, one per line (the GPUs'
-                                           faults and node hygiene's, agent/inject.py)
+                                           faults and node hygiene's, agent/sim/inject.py)
     <state-dir>/<node>/outbox.sqlite3      its unacked events
 
-    python -m agent.fleet --server ws://127.0.0.1:8000/ws/agent/ --state-dir var/fleet \\
+    python -m agent.sim.fleet --server ws://127.0.0.1:8000/ws/agent/ --state-dir var/fleet \\
         --names 'gpu-{:03d}' --count 64 [--token-file FILE]
 
 The join token, for nodes without a node token, comes as the agent's does: --token-file,
@@ -26,29 +28,25 @@ import sys
 import time
 import zlib
 
-from agent import host
-from agent.backends.simulated import SimulatedBackend
-from agent.checks.simulated import SimulatedCheckRunner
-from agent.client import AgentClient
-from agent.commands import DEFAULT_SIMULATED_BOOT_S, CommandSet, SimulatedReboot
 from agent.config import (
+    DEFAULT_SIMULATED_BOOT_S,
     TOKEN_ENVIRONMENT,
     TOKEN_ON_ARGV,
     Config,
     ConfigError,
+    InjectSpecError,
     check_server,
     read_join_token,
     tls_context,
 )
-from agent.detectors import make_watchers
-from agent.hygiene import make_hygiene
-from agent.inject import InjectSpecError, check_gpu_indexes, parse_inject
-from agent.node_token import read_node_token
-from agent.outbox import Outbox
+from agent.connection.client import AgentClient
+from agent.connection.node_token import read_node_token
+from agent.connection.outbox import Outbox
+from agent.sim import build_simulated_node
+from agent.sim.inject import read_faults
 
-log = logging.getLogger("agent.fleet")
+log = logging.getLogger("agent.sim.fleet")
 
-INJECT_FILE = "inject"
 OUTBOX_FILE = "outbox.sqlite3"
 # A simulated node's host: 2 TiB of memory, and training traffic that follows its GPUs.
 HOST_MEMORY_BYTES = 2 * 2**40
@@ -74,40 +72,24 @@ class SimulatedNodeMetrics:
         }
 
 
-def read_faults(state_dir, gpu_count):
-    try:
-        with open(os.path.join(state_dir, INJECT_FILE)) as f:
-            specs = [line.strip() for line in f if line.strip() and not line.startswith("#")]
-    except FileNotFoundError:
-        return []
-    faults = [fault for spec in specs for fault in parse_inject(spec)]
-    check_gpu_indexes(faults, gpu_count)
-    return faults
-
-
 def build_client(name, args):
+    """The started client of node `name` (and its outbox, to close)."""
     state_dir = os.path.join(args.state_dir, name)
     os.makedirs(state_dir, mode=0o700, exist_ok=True)
     node_token = read_node_token(state_dir)
     if not node_token and not args.token:
         raise SystemExit(f"fleet: {state_dir} holds no node token, and no join token was "
                          f"given (--token-file or {TOKEN_ENVIRONMENT})")
-    faults = read_faults(state_dir, args.gpus)
-    backend = SimulatedBackend(name, gpu_count=args.gpus, faults=faults)
-    config = Config(node_name=name, simulate=True, inject=faults, state_dir=state_dir)
-    hygiene = make_hygiene(config, backend, job_every_s=args.job_every or None)
+    config = Config(
+        server=args.server, token=args.token, node_name=name, state_dir=state_dir,
+        sample_interval_s=args.sample_interval, simulate=True, gpus=args.gpus,
+        inject=read_faults(state_dir, args.gpus), simulated_boot_s=args.simulated_boot)
+    phase = zlib.crc32(name.encode()) % 360
+    node = build_simulated_node(
+        config, host_metrics=lambda backend: SimulatedNodeMetrics(backend, phase=phase),
+        job_every_s=args.job_every or None).start()
     outbox = Outbox(os.path.join(state_dir, OUTBOX_FILE))
-    client = AgentClient(
-        server_url=args.server, tls=args.tls, join_token=args.token, node_token=node_token,
-        node_name=name, boot_id=host.simulated_boot_id(state_dir), state_dir=state_dir,
-        backend=backend,
-        node_metrics=SimulatedNodeMetrics(backend, phase=zlib.crc32(name.encode()) % 360),
-        outbox=outbox, watchers=make_watchers(config, backend) + hygiene.watchers,
-        check_runner=SimulatedCheckRunner(backend, state_dir), read_slurm=host.no_slurm,
-        command_handler=CommandSet([
-            SimulatedReboot(backend, state_dir, boot_s=args.simulated_boot), hygiene.commands]),
-        hygiene_status=hygiene.status, sample_interval_s=args.sample_interval,
-    )
+    client = AgentClient(config, node, outbox=outbox, node_token=node_token, tls=args.tls)
     return client, outbox
 
 
@@ -130,7 +112,7 @@ async def run_fleet(clients):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m agent.fleet", description=__doc__.split(
+    parser = argparse.ArgumentParser(prog="python -m agent.sim.fleet", description=__doc__.split(
         "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--server", required=True, help="ws[s]://HOST/ws/agent/")
     parser.add_argument("--state-dir", required=True, help="one folder per node below it")

@@ -1,5 +1,5 @@
 """Node hygiene on a simulated node (--simulate, the demo fleet): the readings and events of a
-healthy Slurm node, and the faults --inject names (agent/inject.py), as the real watchers
+healthy Slurm node, and the faults --inject names (agent/sim/inject.py), as the real watchers
 would report them. Nothing here touches this machine's processes or its Slurm: the readings
 say `"watched_by": "simulated"`.
 
@@ -21,7 +21,7 @@ in a file and outlives it.
 import random
 import time
 
-from agent.protocol import counted, event_frame
+from agent.connection.protocol import counted, event_frame
 
 ZOMBIES = 25
 FLAP_RESTARTS = 3

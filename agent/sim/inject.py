@@ -1,4 +1,5 @@
-"""--inject: faults for the simulated backend, on a schedule.
+"""The fault schedule of a simulated node: what each --inject fault does, and the fleet's
+per-node inject file. The items' grammar is a setting's (agent.config.parse_inject):
 
     --inject xid:79@30s,thermal@60s+30s:gpu2,gpu_lost@90s
 
@@ -18,7 +19,7 @@ followed by `:gpu<i>` (the GPU index; GPU 0 by default):
     gpu_lost@<s>s           the GPU stops answering (a gpu_lost event; it leaves the
                             samples and the next hello)
 
-Node hygiene's faults (agent/hygiene/simulated.py), on the node rather than a GPU:
+Node hygiene's faults (agent/sim/hygiene.py), on the node rather than a GPU:
 
     gres_drift@<s>s         Slurm's view of the node loses its last GPU (gres_drift, until
                             the server's reconfigure)
@@ -30,85 +31,23 @@ Node hygiene's faults (agent/hygiene/simulated.py), on the node rather than a GP
                             job_leftovers until a reboot)
 """
 
-import re
-from dataclasses import dataclass
+import os
+
+from agent.config import check_gpu_indexes, parse_inject
 
 XID_STORM_LINES = 10_000
-
-_ITEM = re.compile(
-    r"(?P<fault>xid:(?P<xid>[0-9]+)|xid_storm:(?P<storm>[0-9]+)|thermal|ecc_dbe|gpu_lost"
-    r"|gres_drift|zombies|slurmd_flap|job_leftovers)"
-    r"@(?P<at>[0-9]+(?:\.[0-9]+)?)s"
-    r"(?:\+(?P<duration>[0-9]+(?:\.[0-9]+)?)s)?"
-    r"(?::gpu(?P<gpu>[0-9]+))?"
-)
-
-USAGE = (
-    "expected comma-separated items like xid:79@30s, xid:48@10s:gpu3, thermal@60s, "
-    "thermal@60s+30s:gpu1, xid_storm:13@20s, ecc_dbe@40s:gpu2, gpu_lost@90s, "
-    "gres_drift@30s, zombies@30s, slurmd_flap@30s or job_leftovers@30s:gpu1"
-)
-# The faults of node hygiene (agent/hygiene/simulated.py); the rest are the GPUs'.
+INJECT_FILE = "inject"  # the fleet's: <state-dir>/<node>/inject, --inject specs one a line
+# The faults of node hygiene (agent/sim/hygiene.py); the rest are the GPUs'.
 HYGIENE_FAULTS = ("gres_drift", "zombies", "slurmd_flap", "job_leftovers")
 
 
-class InjectSpecError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class Fault:
-    kind: str  # "xid", "xid_storm", "thermal", "ecc_dbe", "gpu_lost", or a HYGIENE_FAULTS
-    at_s: float  # seconds after the agent started
-    gpu: int = 0  # the GPU's index
-    xid: int | None = None  # kinds "xid" and "xid_storm" only
-    duration_s: float | None = None  # kind "thermal" only; None: until the agent stops
-
-    @property
-    def label(self):
-        """"xid:79", "thermal", "gpu_lost"...: how the agent's log names the fault."""
-        return f"{self.kind}:{self.xid}" if self.xid is not None else self.kind
-
-
-def parse_inject(spec):
-    """The faults a --inject value names, in the order given."""
-    faults = []
-    for item in spec.split(","):
-        item = item.strip()
-        match = _ITEM.fullmatch(item)
-        if match is None:
-            raise InjectSpecError(f"bad --inject item {item!r}: {USAGE}")
-        if match["xid"] is not None:
-            kind, code = "xid", int(match["xid"])
-        elif match["storm"] is not None:
-            kind, code = "xid_storm", int(match["storm"])
-        else:
-            kind, code = match["fault"], None
-        if match["duration"] is not None and kind != "thermal":
-            raise InjectSpecError(
-                f"bad --inject item {item!r}: only thermal takes a duration (+<d>s)"
-            )
-        if code == 0:
-            raise InjectSpecError(f"bad --inject item {item!r}: Xid codes start at 1")
-        if match["duration"] is not None and float(match["duration"]) == 0:
-            raise InjectSpecError(f"bad --inject item {item!r}: the duration must be above 0 s")
-        faults.append(
-            Fault(
-                kind=kind,
-                at_s=float(match["at"]),
-                gpu=int(match["gpu"]) if match["gpu"] is not None else 0,
-                xid=code,
-                duration_s=float(match["duration"]) if match["duration"] is not None else None,
-            )
-        )
+def read_faults(state_dir, gpu_count):
+    """The faults of the state dir's inject file (none without one)."""
+    try:
+        with open(os.path.join(state_dir, INJECT_FILE)) as f:
+            specs = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    except FileNotFoundError:
+        return []
+    faults = [fault for spec in specs for fault in parse_inject(spec)]
+    check_gpu_indexes(faults, gpu_count)
     return faults
-
-
-def check_gpu_indexes(faults, gpu_count):
-    """Every fault names a GPU the simulated node has."""
-    for fault in faults:
-        if fault.gpu >= gpu_count:
-            raise InjectSpecError(
-                f"--inject names gpu{fault.gpu}, but the simulated node has {gpu_count} "
-                f"GPUs (gpu0 to gpu{gpu_count - 1})"
-            )

@@ -1,6 +1,6 @@
 """A stand-in for the pynvml module that serves the real H200's readings.
 
-Static facts come from agent/fixtures/h200/nvml_snapshot.json (one real H200);
+Static facts come from agent/data/h200/nvml_snapshot.json (one real H200);
 dynamic ones from a block in the snapshot's `dynamic` format (the snapshot's own idle
 block, or one sample of nvml_trace.json). Exception classes, constants and the ctypes
 structures returned are the real nvidia-ml-py ones, which import without a driver.
@@ -30,7 +30,7 @@ from types import SimpleNamespace
 
 import pynvml
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "h200"
+FIXTURES = Path(__file__).resolve().parent.parent / "data" / "h200"
 
 # The real H200's one compute process used 1002 MiB (nvidia-smi-q.xml).
 H200_PROCESS_USED_BYTES = 1002 * 2**20

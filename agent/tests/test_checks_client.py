@@ -5,31 +5,30 @@ that finished while the connection was down goes out after the next welcome."""
 import asyncio
 import contextlib
 
-from agent.backends.simulated import SimulatedBackend
 from agent.checks.runner import CheckRunner
-from agent.checks.simulated import SimulatedCheckRunner
-from agent.client import AgentClient
+from agent.config import Config
+from agent.connection.client import AgentClient
+from agent.connection.node_token import read_node_token
+from agent.connection.outbox import Outbox
+from agent.node import Node
 from agent.node_metrics import NodeMetrics
-from agent.node_token import read_node_token
-from agent.outbox import Outbox
+from agent.sim.backend import SimulatedBackend
+from agent.sim.checks import SimulatedCheckRunner
 from agent.tests.fake_server import FakeServer, until
 
 NODE = "gpu-001"
 
 
 def make_client(server, state_dir, backend, check_runner):
+    config = Config(server=server.url, token="join-1", node_name=NODE,
+                    state_dir=str(state_dir), sample_interval_s=0.05)
+    node = Node(name=NODE, boot_id="b7e3a0c2-4f1d-4c1e-9a8b-2d6f5e4c3b2a", backend=backend,
+                node_metrics=NodeMetrics(), check_runner=check_runner)
     return AgentClient(
-        server_url=server.url,
-        join_token="join-1",
+        config,
+        node,
         node_token=read_node_token(state_dir),
-        node_name=NODE,
-        boot_id="b7e3a0c2-4f1d-4c1e-9a8b-2d6f5e4c3b2a",
-        state_dir=str(state_dir),
-        backend=backend,
-        node_metrics=NodeMetrics(),
         outbox=Outbox(state_dir / "outbox.sqlite3"),
-        check_runner=check_runner,
-        sample_interval_s=0.05,
         backoff_base_s=0.01,
         backoff_cap_s=0.05,
     )

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.backends.simulated import SimulatedBackend
 from agent.checks import CHECKS
 from agent.checks.runner import CheckRunner, run_child
+from agent.sim.backend import SimulatedBackend
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 MISBEHAVING = {**CHECKS, "misbehave": "agent.tests.fixtures.misbehaving_check"}

@@ -5,9 +5,9 @@ import asyncio
 
 import pytest
 
-from agent.backends.simulated import SimulatedBackend
-from agent.checks.simulated import SimulatedCheckRunner
-from agent.inject import parse_inject
+from agent.config import parse_inject
+from agent.sim.backend import SimulatedBackend
+from agent.sim.checks import SimulatedCheckRunner
 
 
 class Clock:

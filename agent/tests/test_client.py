@@ -9,39 +9,45 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.backends.simulated import SimulatedBackend
-from agent.client import AgentClient, backoff_ceiling, backoff_delay
-from agent.config import Config
-from agent.detectors import make_watchers
-from agent.inject import parse_inject
-from agent.tests.protocol_validator import SAMPLE_GPU_FIELDS, SAMPLE_NODE_FIELDS
+from agent.config import Config, parse_inject
+from agent.connection.client import AgentClient, backoff_ceiling, backoff_delay
+from agent.connection.node_token import read_node_token, save_node_token
+from agent.connection.outbox import Outbox
+from agent.connection.protocol import event_frame
+from agent.node import Node
 from agent.node_metrics import NodeMetrics
-from agent.node_token import read_node_token, save_node_token
-from agent.outbox import Outbox
-from agent.protocol import event_frame
+from agent.sim.backend import SimulatedBackend
+from agent.sim.node import simulated_watchers
 from agent.tests.fake_server import FakeServer, until
+from agent.tests.protocol_validator import SAMPLE_GPU_FIELDS, SAMPLE_NODE_FIELDS
 
 NODE = "gpu-001"
+NODE_OPTIONS = ("check_runner", "command_handler", "hygiene_status", "read_slurm")
 
 
 def make_client(server, state_dir, *, join_token="join-1", inject="", **options):
     """A client of `server` on 2 simulated GPUs, sampling every 0.05 s, reconnecting
-    after at most 0.05 s."""
+    after at most 0.05 s. options: the Node's (check_runner, command_handler,
+    hygiene_status, read_slurm), the config's sample_interval_s, the client's others."""
     faults = parse_inject(inject) if inject else ()
     settings = dict(sample_interval_s=0.05, backoff_base_s=0.01, backoff_cap_s=0.05)
     outbox_max_bytes = options.pop("outbox_max_bytes", 64 * 2**20)
     settings.update(options)
     backend = SimulatedBackend(NODE, gpu_count=2, faults=faults)
-    return AgentClient(
-        server_url=server.url,
-        join_token=join_token,
-        node_token=read_node_token(state_dir),
-        node_name=NODE,
+    config = Config(server=server.url, token=join_token, node_name=NODE,
+                    state_dir=str(state_dir), sample_interval_s=settings.pop("sample_interval_s"))
+    node = Node(
+        name=NODE,
         boot_id="b7e3a0c2-4f1d-4c1e-9a8b-2d6f5e4c3b2a",
-        state_dir=str(state_dir),
         backend=backend,
-        watchers=make_watchers(Config(node_name=NODE), backend),
+        watchers=simulated_watchers(Config(node_name=NODE), backend),
         node_metrics=NodeMetrics(),
+        **{key: settings.pop(key) for key in NODE_OPTIONS if key in settings},
+    )
+    return AgentClient(
+        config,
+        node,
+        node_token=read_node_token(state_dir),
         outbox=Outbox(state_dir / "outbox.sqlite3", max_bytes=outbox_max_bytes),
         **settings,
     )
@@ -488,8 +494,8 @@ def test_the_hello_tells_the_server_what_a_full_outbox_dropped_then_the_count_re
 
 
 def test_after_a_reconnect_the_outbox_goes_out_paced_and_all_of_it(tmp_path, monkeypatch):
-    monkeypatch.setattr("agent.client.RESEND_BURST", 5)
-    monkeypatch.setattr("agent.client.RESEND_PER_S", 200.0)
+    monkeypatch.setattr("agent.connection.client.RESEND_BURST", 5)
+    monkeypatch.setattr("agent.connection.client.RESEND_PER_S", 200.0)
     outbox = Outbox(tmp_path / "outbox.sqlite3")
     events = [event_frame(signature="xid:79", severity="critical", message=str(i))
               for i in range(30)]

@@ -5,12 +5,12 @@ through the outbox."""
 
 import asyncio
 
-from agent import client as client_module
-from agent.commands import CommandFailed, CommandSet
-from agent.protocol import event_frame
-from agent.scripts import ResultSpool
+from agent.connection import client as client_module
+from agent.connection.protocol import event_frame
 from agent.tests.fake_server import FakeServer, until
 from agent.tests.test_client import make_client, running
+from agent.work.commands import CommandFailed, CommandSet
+from agent.work.scripts import ResultSpool
 
 PROCESSES = {"zombies": 0, "orphans": 0, "tasks": 300, "pid_max": 32768, "checked_at": 1.0}
 

@@ -12,17 +12,25 @@ from argparse import Namespace
 
 import pytest
 
-from agent import cli, fleet, host
-from agent.backends.simulated import SimulatedBackend, simulated_gpu_uuid
-from agent.client import AgentClient
-from agent.commands import CommandFailed, RebootCommand, SimulatedReboot
-from agent.config import ConfigError, build_config, read_config_file
+from agent.config import (
+    Config,
+    ConfigError,
+    build_config,
+    parse_inject,
+    read_config_file,
+)
+from agent.connection.client import AgentClient
+from agent.connection.node_token import read_node_token
+from agent.connection.outbox import Outbox
 from agent.hygiene import Hygiene
-from agent.inject import parse_inject
+from agent.node import Node, make_command_handler
 from agent.node_metrics import NodeMetrics
-from agent.node_token import read_node_token
-from agent.outbox import Outbox
+from agent.sim import fleet
+from agent.sim.backend import SimulatedBackend, simulated_gpu_uuid
+from agent.sim.boot import SimulatedReboot, simulated_boot_id
+from agent.sim.node import simulated_command_handler
 from agent.tests.fake_server import FakeServer, until
+from agent.work.commands import CommandFailed, RebootCommand
 
 NODE = "gpu-001"
 SERVER = "wss://clusterui.example.com/ws/agent/"
@@ -32,18 +40,15 @@ HW_THERMAL = 0x40
 
 def make_client(server, state_dir, command_handler, *, backend=None, boot_id="boot-1"):
     backend = backend or SimulatedBackend(NODE, gpu_count=2)
+    config = Config(server=server.url, token="join-1", node_name=NODE,
+                    state_dir=str(state_dir), sample_interval_s=0.05)
+    node = Node(name=NODE, boot_id=boot_id, backend=backend, node_metrics=NodeMetrics(),
+                command_handler=command_handler)
     return AgentClient(
-        server_url=server.url,
-        join_token="join-1",
+        config,
+        node,
         node_token=read_node_token(state_dir),
-        node_name=NODE,
-        boot_id=boot_id,
-        state_dir=str(state_dir),
-        backend=backend,
-        node_metrics=NodeMetrics(),
         outbox=Outbox(state_dir / "outbox.sqlite3"),
-        command_handler=command_handler,
-        sample_interval_s=0.05,
         backoff_base_s=0.01,
         backoff_cap_s=0.05,
     )
@@ -157,7 +162,7 @@ def test_a_reboot_command_that_cannot_start_the_reboot_fails_with_why(command, t
 def test_a_simulated_node_comes_back_after_its_boot_with_a_new_boot_id_and_no_faults(tmp_path):
     faults = parse_inject("gpu_lost@0s:gpu1,thermal@0s:gpu0")
     backend = SimulatedBackend(NODE, gpu_count=2, faults=faults)
-    first_boot = host.simulated_boot_id(str(tmp_path))
+    first_boot = simulated_boot_id(str(tmp_path))
     handler = SimulatedReboot(backend, str(tmp_path), boot_s=0.3)
     welcomed_at = []
 
@@ -187,7 +192,7 @@ def test_a_simulated_node_comes_back_after_its_boot_with_a_new_boot_id_and_no_fa
     assert hello_before["boot_id"] == first_boot
     assert hello_after["boot_id"] != first_boot
     assert hello_after["boot_id"] == (tmp_path / "simulated_boot_id").read_text().strip()
-    assert hello_after["boot_id"] == client.boot_id == host.simulated_boot_id(str(tmp_path))
+    assert hello_after["boot_id"] == client.boot_id == simulated_boot_id(str(tmp_path))
     assert welcomed_at[1] - welcomed_at[0] >= 0.3  # down for the boot
     # The lost GPU is back, and the thermal slowdown is gone.
     assert [gpu["index"] for gpu in hello_before["gpus"]] == [0]
@@ -229,7 +234,7 @@ def test_in_the_fleet_only_the_node_asked_reboots(tmp_path):
     assert rebooted[0]["boot_id"] != rebooted[1]["boot_id"]
     assert [len(hello["gpus"]) for hello in rebooted] == [1, 2]
     assert len(untouched) == 1
-    assert untouched[0]["boot_id"] == host.simulated_boot_id(str(tmp_path / "gpu-002"))
+    assert untouched[0]["boot_id"] == simulated_boot_id(str(tmp_path / "gpu-002"))
 
 
 def hellos(server, node):
@@ -272,14 +277,14 @@ def test_bad_reboot_settings_are_usage_errors(given, error):
 
 def test_the_agent_reboots_with_the_reboot_command_or_in_simulation(tmp_path):
     real = build_config(options(server=SERVER, node_name=NODE, reboot_command="true"))
-    handler = cli.make_command_handler(real, backend=None, hygiene=Hygiene())
+    handler = make_command_handler(real, hygiene=Hygiene())
     assert handler.actions == ("reboot",)
     reboot = handler._by_action["reboot"]
     assert isinstance(reboot, RebootCommand) and reboot.command == "true"
 
     simulated = build_config(options(server=SERVER, node_name=NODE, simulate=True,
                                      simulated_boot=0.5, state_dir=str(tmp_path)))
-    handler = cli.make_command_handler(simulated, SimulatedBackend(NODE, gpu_count=1),
-                                       hygiene=Hygiene())
+    handler = simulated_command_handler(simulated, SimulatedBackend(NODE, gpu_count=1),
+                                        hygiene=Hygiene())
     reboot = handler._by_action["reboot"]
     assert isinstance(reboot, SimulatedReboot) and reboot._boot_s == 0.5

@@ -1,8 +1,14 @@
 import pytest
 
 from agent import cli, host
-from agent.config import Config, ConfigError, HygieneConfig, build_config, read_config_file
-from agent.inject import Fault
+from agent.config import (
+    Config,
+    ConfigError,
+    Fault,
+    HygieneConfig,
+    build_config,
+    read_config_file,
+)
 
 SERVER = "wss://clusterui.example.com/ws/agent/"
 

@@ -8,8 +8,9 @@ import time
 import pytest
 
 from agent.detectors import kernel_log
-from agent.detectors.kernel_log import KmsgReader, SimulatedKernelLog, parse_xid_line
+from agent.detectors.kernel_log import KmsgReader, parse_xid_line
 from agent.detectors.xid import XidSignal, pci_key
+from agent.sim.kernel_log import SimulatedKernelLog
 
 # Real lines (kernel logs quoted in public bug reports and tools' tests), with the
 # prefixes they came with: a kmsg record, dmesg's timestamp, syslog/journal.

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from agent.backends.nvml import NvmlBackend
-from agent.backends.simulated import SimulatedBackend, simulated_gpu_uuid
 from agent.config import Config
 from agent.detectors import close_watchers, make_watchers
 from agent.detectors.ecc import EccWatcher
@@ -23,6 +22,8 @@ from agent.detectors.row_remap import RowRemapWatcher
 from agent.detectors.slurm_drain import SlurmDrainWatcher
 from agent.detectors.throttle import ThrottleWatcher
 from agent.detectors.xid import XidWatcher
+from agent.sim.backend import SimulatedBackend, simulated_gpu_uuid
+from agent.sim.node import simulated_watchers
 from agent.tests.fake_pynvml import FakeNvml
 from agent.tests.fake_server import FakeServer, until
 from agent.tests.test_detectors_slurm import FakeScontrol
@@ -52,7 +53,7 @@ def kinds(watchers):
 def test_the_simulated_backend_gets_the_reading_watchers_and_its_kernel_log():
     backend = SimulatedBackend("gpu-001", gpu_count=2)
 
-    watchers = make_watchers(Config(node_name="gpu-001", throttle_hold_s=3), backend)
+    watchers = simulated_watchers(Config(node_name="gpu-001", throttle_hold_s=3), backend)
     close_watchers(watchers)
 
     assert kinds(watchers) == [ThrottleWatcher, EccWatcher, XidWatcher]
@@ -105,7 +106,7 @@ def test_where_scontrol_exists_a_real_nodes_slurm_drains_are_watched(
 
     watchers = make_watchers(Config(node_name="gpu-001", kmsg_path=str(tmp_path / "no")), backend)
     close_watchers(watchers)
-    simulated = make_watchers(Config(node_name="gpu-001"), SimulatedBackend("gpu-001"))
+    simulated = simulated_watchers(Config(node_name="gpu-001"), SimulatedBackend("gpu-001"))
 
     assert kinds(watchers)[-1] is SlurmDrainWatcher
     assert watchers[-1].node_name == "gpu-001"

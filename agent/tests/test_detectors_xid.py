@@ -7,9 +7,10 @@ import time
 import pytest
 
 from agent.backends.nvml import NvmlBackend
-from agent.detectors.kernel_log import KmsgReader, SimulatedKernelLog, parse_xid_line
+from agent.detectors.kernel_log import KmsgReader, parse_xid_line
 from agent.detectors.nvml_xid import NvmlXidEvents
 from agent.detectors.xid import XidSignal, XidWatcher
+from agent.sim.kernel_log import SimulatedKernelLog
 from agent.tests.fake_pynvml import FakeNvml
 
 H200_UUID = "GPU-dd6ed4ff-be65-92a6-4ef1-1d9b77bae10b"

@@ -1,8 +1,9 @@
 import pytest
 
-from agent.backends.simulated import SimulatedBackend
-from agent.fleet import SimulatedNodeMetrics, read_faults
-from agent.inject import InjectSpecError
+from agent.config import InjectSpecError
+from agent.sim.backend import SimulatedBackend
+from agent.sim.fleet import SimulatedNodeMetrics
+from agent.sim.inject import read_faults
 
 
 def test_a_nodes_inject_file_schedules_its_faults(tmp_path):

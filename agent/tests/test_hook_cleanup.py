@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from agent import scripts
 from agent.config import build_hygiene_config
 from agent.hook import job_user, run_hook
 from agent.hygiene.job_cleanup import LeftoversWatcher, load_leftovers
 from agent.tests.fake_pynvml import FakeNvml
+from agent.work import scripts
 
 REPO = Path(__file__).resolve().parents[2]
 NOBODY = 65534

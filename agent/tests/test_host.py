@@ -3,7 +3,8 @@ import stat
 import subprocess
 
 from agent import host
-from agent.node_token import read_node_token, save_node_token
+from agent.connection.node_token import read_node_token, save_node_token
+from agent.sim import boot
 
 SCONTROL_LINE = (
     "NodeName=gpu-001 Arch=x86_64 CoresPerSocket=48 CPUAlloc=0 CPUTot=192 "
@@ -62,18 +63,18 @@ def test_boot_id_is_the_kernels():
 
 
 def test_simulated_boot_id_is_kept_in_the_state_dir(tmp_path):
-    first = host.simulated_boot_id(str(tmp_path))
+    first = boot.simulated_boot_id(str(tmp_path))
 
-    assert host.simulated_boot_id(str(tmp_path)) == first
+    assert boot.simulated_boot_id(str(tmp_path)) == first
     (tmp_path / "simulated_boot_id").unlink()  # a simulated reboot
-    assert host.simulated_boot_id(str(tmp_path)) != first
+    assert boot.simulated_boot_id(str(tmp_path)) != first
 
 
 def test_simulated_boot_id_without_a_writable_state_dir(tmp_path):
     blocked = tmp_path / "file-not-dir"
     blocked.write_text("")
 
-    assert len(host.simulated_boot_id(str(blocked / "state"))) == 36
+    assert len(boot.simulated_boot_id(str(blocked / "state"))) == 36
 
 
 def test_the_node_token_is_stored_for_its_owner_only(tmp_path):

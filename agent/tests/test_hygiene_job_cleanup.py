@@ -23,6 +23,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from agent.connection.protocol import encode
 from agent.hygiene.job_cleanup import (
     LeftoversWatcher,
     clean_job,
@@ -37,9 +38,13 @@ from agent.hygiene.job_cleanup import (
     remove_user_shm,
 )
 from agent.hygiene.processes import is_running, read_process, send_signal
-from agent.protocol import encode
 from agent.tests.fake_pynvml import FakeNvml
-from agent.tests.test_hygiene_processes import FAKE_PID, fake_process, fake_stat, finishes
+from agent.tests.test_hygiene_processes import (
+    FAKE_PID,
+    fake_process,
+    fake_stat,
+    finishes,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 NO_CGROUP = "/nonexistent/slurmstepd.scope"

@@ -16,9 +16,15 @@ import time
 import pytest
 
 from agent import host
+from agent.connection.protocol import counted, encode
 from agent.hygiene import processes
-from agent.hygiene.processes import ProcessWatcher, clean_up, read_process, scan, send_signal
-from agent.protocol import counted, encode
+from agent.hygiene.processes import (
+    ProcessWatcher,
+    clean_up,
+    read_process,
+    scan,
+    send_signal,
+)
 
 # Forks N children that exit at once, waits until they are all zombies, then reaps
 # whenever a SIGCHLD comes (the children's own SIGCHLDs came before the handler, and

@@ -1,15 +1,14 @@
-"""Node hygiene on a simulated node (agent/hygiene/simulated.py): injected faults become the
+"""Node hygiene on a simulated node (agent/sim/hygiene.py): injected faults become the
 events the real watchers send, the server's cleanup and reconfigure end them, a reboot ends
 what dies with the node, and the readings the samples carry follow."""
 
 import asyncio
 
-from agent.backends.simulated import SimulatedBackend
-from agent.config import Config, build_config
-from agent.hygiene import make_hygiene
-from agent.hygiene.simulated import SimulatedHygiene
-from agent.inject import parse_inject
-from agent.protocol import encode
+from agent.config import Config, build_config, parse_inject
+from agent.connection.protocol import encode
+from agent.sim.backend import SimulatedBackend
+from agent.sim.hygiene import SimulatedHygiene
+from agent.sim.node import simulated_hygiene
 
 NODE = "gpu-020"
 
@@ -115,9 +114,9 @@ def test_with_job_every_jobs_end_cleanly_now_and_then():
 def test_a_simulated_agent_simulates_hygiene_unless_told_otherwise(tmp_path):
     backend = SimulatedBackend(NODE, gpu_count=2)
     config = Config(node_name=NODE, simulate=True, state_dir=str(tmp_path))
-    hygiene = make_hygiene(config, backend)
+    hygiene = simulated_hygiene(config, backend)
     assert set(hygiene.status()) == {"slurmd", "processes", "gres"}
     assert hygiene.commands.actions == ("cleanup", "reconfigure")
     off = build_config({"server": "ws://127.0.0.1:1/ws/agent/", "token": "t", "simulate": True,
                         "hygiene": False, "node_name": NODE})
-    assert make_hygiene(off, backend).status() is None
+    assert simulated_hygiene(off, backend).status() is None

@@ -1,6 +1,6 @@
 import pytest
 
-from agent.inject import Fault, InjectSpecError, check_gpu_indexes, parse_inject
+from agent.config import Fault, InjectSpecError, check_gpu_indexes, parse_inject
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,8 @@
 import json
 import sqlite3
 
-from agent.outbox import Outbox
-from agent.protocol import event_frame
+from agent.connection.outbox import Outbox
+from agent.connection.protocol import event_frame
 
 
 def make_event(signature="xid:79"):

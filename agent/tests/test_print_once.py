@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.backends.simulated import SimulatedBackend
+from agent.config import parse_inject
 from agent.detectors.ecc import EccWatcher
 from agent.detectors.throttle import ThrottleWatcher
 from agent.detectors.xid import XidWatcher
-from agent.inject import parse_inject
+from agent.sim.backend import SimulatedBackend
 from agent.tests.protocol_validator import problems
 
 REPO = Path(__file__).resolve().parents[2]

@@ -3,7 +3,7 @@ import uuid
 
 import pytest
 
-from agent import protocol
+from agent.connection import protocol
 
 
 def test_encode_is_compact_json():

@@ -8,10 +8,10 @@ import subprocess
 import sys
 import time
 
-from agent import scripts
 from agent.hook import run_hook
 from agent.tests.fake_server import FakeServer, until
 from agent.tests.test_client import make_client, running
+from agent.work import scripts
 
 
 def script(id=3, event="node_boot", body="echo hello\n", timeout_s=30, version=7):

@@ -3,11 +3,11 @@ that the same detectors as on a real node find (the pipeline the client runs: re
 GPUs, take the backend's events, poll each watcher with the readings)."""
 
 from agent.backends import GPU_FIELDS
-from agent.backends.simulated import SimulatedBackend, kernel_pci_address, simulated_gpu_uuid
+from agent.config import parse_inject
 from agent.detectors.ecc import EccWatcher
 from agent.detectors.throttle import ThrottleWatcher
 from agent.detectors.xid import XidWatcher
-from agent.inject import parse_inject
+from agent.sim.backend import SimulatedBackend, kernel_pci_address, simulated_gpu_uuid
 from agent.tests.fake_pynvml import load_trace
 
 

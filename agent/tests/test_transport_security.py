@@ -8,7 +8,13 @@ import ssl
 import pytest
 
 from agent import cli
-from agent.config import ConfigError, build_config, check_server, read_join_token, tls_context
+from agent.config import (
+    ConfigError,
+    build_config,
+    check_server,
+    read_join_token,
+    tls_context,
+)
 from agent.tests.fake_server import FakeServer, until
 from agent.tests.test_client import make_client, running
 from agent.tests.tls import make_pki
@@ -24,7 +30,7 @@ def test_a_token_on_the_command_line_is_refused(capsys):
 
 
 def test_the_fleet_refuses_a_token_on_the_command_line_too(capsys):
-    from agent import fleet
+    from agent.sim import fleet
 
     with pytest.raises(SystemExit):
         fleet.main(["--server", "ws://127.0.0.1:1/ws/agent/", "--state-dir", "/tmp/x",

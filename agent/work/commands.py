@@ -7,8 +7,8 @@ handler that returns a message has the client answer `ok` with it. A reboot has 
 from the agent: the server sees it done when the node says hello with a new boot id.
 `cleanup` and `reconfigure` (node hygiene) are agent.hygiene.HygieneCommands.
 
-- RebootCommand (real nodes) runs the configured reboot command.
-- SimulatedReboot (--simulate and the demo fleet) reboots a simulated node.
+RebootCommand runs the configured reboot command; CommandSet joins a node's handlers
+(agent.node.make_command_handler).
 """
 
 import asyncio
@@ -20,13 +20,10 @@ import subprocess
 import tempfile
 import time
 
-from agent import host
-
 log = logging.getLogger(__name__)
 
 DEFAULT_REBOOT_COMMAND = "systemctl reboot"
 REBOOT_START_TIMEOUT_S = 60.0
-DEFAULT_SIMULATED_BOOT_S = 5.0
 OUTPUT_TAIL_CHARS = 1000
 POLL_S = 0.05
 
@@ -40,7 +37,8 @@ class CommandSet:
     A handler's run() returns None (a reboot: no `ok` follows) or the message of its `ok`."""
 
     def __init__(self, handlers):
-        self._by_action = {action: handler for handler in handlers
+        """handlers: None for one a node does not have (node hygiene's, with hygiene off)."""
+        self._by_action = {action: handler for handler in handlers if handler is not None
                            for action in handler.actions}
         self.actions = tuple(self._by_action)
 
@@ -97,24 +95,3 @@ def _tail(output):
     output.seek(0)
     text = output.read().decode(errors="replace").strip()
     return f": {text[-OUTPUT_TAIL_CHARS:]}" if text else ""
-
-
-class SimulatedReboot:
-    """A simulated node reboots as the server sees a real one do it: a new boot id (kept in
-    the state dir), the injected faults gone (a GPU that fell off the bus is back, the
-    volatile ECC counts and thermal slowdown reset: SimulatedBackend.reboot), the connection
-    closed, and `boot_s` later a hello with the new boot id."""
-
-    actions = ("reboot",)
-
-    def __init__(self, backend, state_dir, boot_s=DEFAULT_SIMULATED_BOOT_S):
-        self._backend = backend
-        self._state_dir = state_dir
-        self._boot_s = boot_s
-
-    async def run(self, action, params, client):
-        boot_id = host.new_simulated_boot_id(self._state_dir)
-        log.warning("simulated reboot of %s: back in %g s with boot id %s",
-                    client.node_name, self._boot_s, boot_id)
-        self._backend.reboot()
-        await client.reboot_into(boot_id, down_s=self._boot_s)
