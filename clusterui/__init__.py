@@ -1,6 +1,7 @@
-"""The Django project's wiring (settings, urls, asgi, celery) and the cluster itself: Cluster
-and its scheduler, roles and sign-in, the audit trail, the change feed (changes.py) every
-app appends to, and the cluster pages. The layers: README.md "Layout", .importlinter."""
+"""The project's wiring, on top of every layer: settings (one file, driven by the
+environment), urls, asgi, celery, process tuning (gc_tuning), the static files finder, the
+context processor and middleware every page goes through, and the home and /healthz views.
+No models and no pages of its own. The layers: README.md "Layout", .importlinter."""
 
 from .celery import app as celery_app
 

@@ -4,14 +4,13 @@ Everything is built through the services (do_register_node, do_record_hello, the
 event and pause/resume services, and the beat's refresh_due_node_states), replayed in time
 order from 24 hours ago, so every state change is a real NodeTransition computed by the
 state function. The GPU facts and the usage figures come from the real H200 readings in
-clusterui/fixtures/h200/ (see its README.md). Deterministic: a seeded random.Random.
+agent/data/h200/ (see its README.md), the trace the simulated agents replay. Deterministic: a seeded random.Random.
 
 Embedded mode only: it creates accounts whose password is their name.
 """
 
 import heapq
 import itertools
-import json
 import random
 import uuid
 from dataclasses import dataclass, field
@@ -46,12 +45,10 @@ from notifications.models import Channel
 from notifications.services import do_create_channel, do_rotate_signing_key
 from repairs.models import RepairSettings
 
-from agent.backends.simulated import SimulatedBackend
-from agent.fleet import INJECT_FILE
-from agent.host import SIMULATED_BOOT_ID_FILE
-from agent.node_token import save_node_token
+from agent.connection.node_token import save_node_token
+from agent.sim import INJECT_FILE, SIMULATED_BOOT_ID_FILE, SimulatedBackend
+from agent.sim.backend import load_fixture
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "h200"
 CLUSTER_SLUG = "demo"
 NODE_COUNT = 64
 GPUS_PER_NODE = 8
@@ -60,7 +57,7 @@ GPUS_PER_NODE = 8
 FLEET_FAULTS = {
     "gpu-012": "xid:79@90s:gpu3",
     "gpu-040": "thermal@45s+60s:gpu5",
-    # Node hygiene (agent/hygiene/simulated.py): a reconfigure to approve, zombies to clean
+    # Node hygiene (agent/sim/hygiene.py): a reconfigure to approve, zombies to clean
     # up, a slurmd that keeps dying, and a job that leaves GPU memory held.
     "gpu-020": "gres_drift@60s",
     "gpu-033": "zombies@75s",
@@ -110,12 +107,12 @@ class NotEmbedded(SeedError):
 
 @cache
 def snapshot():
-    return json.loads((FIXTURES / "nvml_snapshot.json").read_text())
+    return load_fixture("nvml_snapshot.json")
 
 
 @cache
 def trace():
-    return json.loads((FIXTURES / "nvml_trace.json").read_text())
+    return load_fixture("nvml_trace.json")
 
 
 def gpu_facts():

@@ -1,5 +1,5 @@
-"""Nodes: Node and its GPUs, the node state function (states.py) over facts on the node
-(higher apps hand theirs down), work for agents (agent_work.py), agent commands, the live
-store and rollups. Adapters: the agent gateway (protocol, consumers, ingest), the publisher
-(the only thing that pushes to browsers and agents, from the change feed), /metrics; the
-Nodes tab and node pages. Imports clusterui and common only, but for its adapters and pages."""
+"""Nodes (layer 6): Node and its GPUs, the node state function (states.py) over facts on
+the node (higher apps hand theirs down), the live store (live_store.py) and rollups, work
+for agents (agent_work.py) and agent commands, maintenance windows, agent and join tokens,
+and the Nodes pages. Health's and repairs' sections of those pages are drawn by their own
+apps' template tags, so nodes imports neither."""

@@ -70,8 +70,9 @@ def test_injected_faults_show_in_the_tab_and_turn_their_nodes_unhealthy_in_time(
              for what, agent in agents.items()}
     started = min(node.last_hello_at for node in nodes.values())
 
-    for what, allowed_s in (("xid:79 on GPU 3", 2.0), ("gpu_lost on GPU 2", 2.0),
-                            ("thermal on GPU 5", THROTTLE_HOLD_S + 2.0)):
+    # 4 s: detection, the frame and the state change, with room for a busy 2-core machine.
+    for what, allowed_s in (("xid:79 on GPU 3", 4.0), ("gpu_lost on GPU 2", 4.0),
+                            ("thermal on GPU 5", THROTTLE_HOLD_S + 4.0)):
         agent, node = agents[what], nodes[what]
         unhealthy = wait_for_transition(node, NodeState.UNHEALTHY, started, agent)
         fault = injected_at(agent, what)
@@ -84,7 +85,7 @@ def test_injected_faults_show_in_the_tab_and_turn_their_nodes_unhealthy_in_time(
     healthy = wait_for_transition(hot_node, NodeState.HEALTHY, started + timedelta(seconds=1),
                                   hot_agent)
     ended = injected_at(hot_agent, "thermal on GPU 5 ended")
-    assert ended is not None and 0 <= (healthy.at - ended).total_seconds() < 2.0
+    assert ended is not None and 0 <= (healthy.at - ended).total_seconds() < 4.0
     thermal = HealthEvent.objects.get(node=hot_node, signature="thermal_throttle")
     assert thermal.closed_reason == "cleared by the agent" and thermal.gpu.index == 5
 

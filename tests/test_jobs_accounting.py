@@ -106,7 +106,7 @@ def test_imports_survive_restarts_and_the_page_matches_sacct(slurm, processes, c
         slurm.sbatch("sleep 1; exit 3", user="jobsbob", account="vision", gres="gpu:1",
                      nodelist="gpu-003,gpu-004", name="two-nodes", extra=["-N2"]),
     ]
-    running = slurm.sbatch("sleep 12", user="jobsbob", account="vision", gres="gpu:4",
+    running = slurm.sbatch("sleep 30", user="jobsbob", account="vision", gres="gpu:4",
                            nodelist="gpu-003", name="long")
     slurm.run(["srun", "--account=research", "--gres=gpu:1", "-w", "gpu-004", "sleep", "1"],
               user="jobsalice")

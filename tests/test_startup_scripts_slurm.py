@@ -49,7 +49,7 @@ def test_boot_and_job_scripts_run_on_the_node_and_their_results_show(processes, 
     markers.mkdir()
     markers.chmod(0o777)
     cluster = ClusterFactory(name="int-scripts", slug="int-scripts")
-    boot = save(cluster, "node_boot", f'#!/bin/bash\nsleep 3\necho booted > "{markers}/boot"\n')
+    boot = save(cluster, "node_boot", f'#!/bin/bash\nsleep 10\necho booted > "{markers}/boot"\n')
     save(cluster, "job_start", '#!/bin/bash\n'
          f'echo "$SLURM_JOB_ID $SLURM_JOB_USER" > "{markers}/start-$SLURM_JOB_ID"\n'
          'echo "prolog for job $SLURM_JOB_ID"\n')

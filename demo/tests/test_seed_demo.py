@@ -119,7 +119,7 @@ def test_it_seeds_the_demo_cluster(embedded):
 
 
 def test_the_gpus_are_the_ones_the_simulated_agent_reports(embedded):
-    simulated = pytest.importorskip("agent.backends.simulated")
+    simulated = pytest.importorskip("agent.sim.backend")
     seed()
     backend = simulated.SimulatedBackend("gpu-017")
     seeded = Gpu.objects.filter(node__cluster__slug="demo", node__name="gpu-017")
@@ -238,8 +238,8 @@ def test_it_refuses_in_production_mode(settings, db):
 
 
 def test_it_prepares_the_simulated_fleet(embedded, tmp_path):
-    from agent.host import simulated_boot_id
-    from agent.node_token import read_node_token
+    from agent.sim import simulated_boot_id
+    from agent.connection.node_token import read_node_token
     from nodes.services import find_usable_token
 
     seed()

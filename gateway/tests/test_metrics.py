@@ -16,6 +16,8 @@ TOKEN = "s3cret-scrape-token"
 @pytest.fixture
 def memory_store(settings):
     settings.REDIS_URL = None
+    # Samples stay fresh for 30 s however slowly a test runs; the silent node is 60 s old.
+    settings.CLUSTERUI_HEARTBEAT_INTERVALS = 30
     reset_live_store()
     yield get_live_store()
     reset_live_store()

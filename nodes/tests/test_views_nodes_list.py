@@ -23,6 +23,8 @@ GIB = 2**30
 @pytest.fixture(autouse=True)
 def store(settings):
     settings.REDIS_URL = ""
+    # Samples stay fresh for 10 minutes however slowly a test runs; the stale cases use -1 h.
+    settings.CLUSTERUI_HEARTBEAT_INTERVALS = 600
     reset_live_store()
     yield get_live_store()
     reset_live_store()

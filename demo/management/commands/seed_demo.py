@@ -20,7 +20,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--fleet-dir", metavar="DIR",
-            help="also prepare the state dirs of the simulated agents (python -m agent.fleet)",
+            help="also prepare the state dirs of the simulated agents (python -m agent.sim.fleet)",
         )
         parser.add_argument(
             "--receiver-url", metavar="URL",
