@@ -60,9 +60,9 @@ def wait_until(page, condition, timeout_s=15):
         page.wait_for_timeout(100)
 
 
-def quiet_count(page, items, quiet_ms=1500):
+def quiet_count(page, items, quiet_ms=3000):
     """len(items) once it has stayed the same for `quiet_ms` (repairs.js fetches at most once
-    a second, so a refresh it had scheduled has happened by then)."""
+    a second, so a refresh it had scheduled has happened by then, even on a slow machine)."""
     while True:
         count = len(items)
         page.wait_for_timeout(quiet_ms)

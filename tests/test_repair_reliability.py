@@ -279,7 +279,13 @@ def test_a_step_delivered_many_times_at_once_to_several_workers_acts_once(stack,
     act = wait_until(lambda: RepairStep.objects.filter(pk=steps[1].pk,
                                                        status=StepStatus.DONE).first(),
                      timeout=60, what="the act step is done")
-    time.sleep(3)  # the other seven deliveries have had their turn
+
+    def finished_deliveries():  # Celery's "Task ...[id] succeeded in" (or raised, retry) lines
+        return sum("run_repair_step[" in line and " received" not in line
+                   for worker in workers for line in worker.log_text().splitlines())
+
+    wait_until(lambda: finished_deliveries() >= 8, timeout=30,
+               what="the other seven deliveries have had their turn")
     assert calls.read_text() == "gpu-001\n"
     assert act.attempts == 1
     received = sum(worker.log_text().count("run_repair_step[") for worker in workers)

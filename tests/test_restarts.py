@@ -50,8 +50,9 @@ def test_a_redis_restart_drops_no_agent_connection_and_loses_no_event_or_work(pr
     cluster = ClusterFactory(name="int-redis", slug="int-redis")
     _, join_token = do_issue_join_token(cluster)
     server = processes.daphne()
-    # The Xid comes 12 s after the agent starts: while Redis is away.
-    agent = processes.agent("gpu-blip", server, token=join_token, inject="xid:79@12s")
+    # The Xid comes 20 s after the agent starts: while Redis is away (killed once the agent
+    # is connected, with room for a slow machine).
+    agent = processes.agent("gpu-blip", server, token=join_token, inject="xid:79@20s")
     node = wait_until(lambda: agent.check_running() or Node.objects.filter(
         cluster=cluster, name="gpu-blip", last_hello_at__isnull=False).first(),
         timeout=30, what="gpu-blip says hello")
@@ -64,7 +65,7 @@ def test_a_redis_restart_drops_no_agent_connection_and_loses_no_event_or_work(pr
     lost_at = time.time()
     run, _ = do_request_check(node, "nvml_sanity")  # its offer cannot go out now
     event = wait_until(lambda: HealthEvent.objects.filter(node=node, signature="xid:79").first(),
-                       timeout=30, what="the Xid is stored while Redis is away")
+                       timeout=40, what="the Xid is stored while Redis is away")
     assert event.first_seen.timestamp() > lost_at
     wait_until(lambda: agent.outbox_ids() == [], timeout=10,
                what="the Xid is acked while Redis is away")
@@ -129,9 +130,9 @@ def test_a_postgresql_restart_drops_no_agent_connection_and_loses_no_event(proce
     processes.env.update(REDIS_URL=redis.url, CLUSTERUI_BOOT_WINDOW_S="0")
     server = processes.daphne()
     # One Xid before the outage, two while the database is away (it stops once the first is
-    # stored, and is away for 12 s), one after it.
+    # stored, and is away for 12 s or more), one after it.
     agent = processes.agent("gpu-pg", server, token=postgres.join_token,
-                            inject="xid:79@4s:gpu0,xid:48@9s:gpu1,xid:63@12s:gpu2,"
+                            inject="xid:79@4s:gpu0,xid:48@15s:gpu1,xid:63@18s:gpu2,"
                                    "xid:94@40s:gpu3")
     wait_until(lambda: agent.check_running() or "xid:79" in stored_events(postgres),
                timeout=40, what="the first Xid is stored")
@@ -139,7 +140,7 @@ def test_a_postgresql_restart_drops_no_agent_connection_and_loses_no_event(proce
     postgres.stop()
     down_at = time.time()
     late = processes.agent("gpu-late", server, token=postgres.join_token)
-    wait_until(lambda: agent.log_text().count("the server asks for event") >= 2, timeout=20,
+    wait_until(lambda: agent.log_text().count("the server asks for event") >= 2, timeout=30,
                what="the Xids sent while the database is away are answered server_error")
     wait_until(lambda: "the server could not take the hello" in late.log_text(), timeout=20,
                what="the hello of an agent that comes during the outage is answered "

@@ -182,7 +182,8 @@ def test_one_node_comes_with_its_hygiene_readings_and_an_operator_cleans_it_up(
         cluster, api_as, settings):
     import time
 
-    from nodes.live_store import get_live_store, live_entry, reset_live_store
+    from gateway.protocol import live_entry
+    from nodes.live_store import get_live_store, reset_live_store
     from nodes.models import AgentCommand
 
     settings.REDIS_URL = ""

@@ -5,6 +5,7 @@ with its retry_id), never counted as a bad frame, and 4429 for a connection that
 past it."""
 
 import asyncio
+import functools
 import threading
 
 import pytest
@@ -21,7 +22,18 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True),
 
 @pytest.fixture(autouse=True)
 def fresh_counts(monkeypatch):
-    monkeypatch.setattr(consumers, "NEW_EVENTS", NewEventCounts())
+    # A fixed clock: on real time the hour could turn mid-test and start the count again.
+    monkeypatch.setattr(consumers, "NEW_EVENTS", NewEventCounts(clock=lambda: 36000.0))
+
+
+@pytest.fixture
+def bucket_clock(monkeypatch):
+    """The connections' FrameBucket on a clock the test moves: on real time a slow machine
+    would refill the bucket while the test sends."""
+    now = [0.0]
+    monkeypatch.setattr(consumers, "FrameBucket",
+                        functools.partial(FrameBucket, clock=lambda: now[0]))
+    return now
 
 
 async def answers(agent, count):
@@ -34,7 +46,8 @@ def by_kind(frames):
     return acked, limited
 
 
-async def test_past_the_bucket_events_are_answered_rate_limited_in_turn(join_token, settings):
+async def test_past_the_bucket_events_are_answered_rate_limited_in_turn(join_token, settings,
+                                                                       bucket_clock):
     settings.CLUSTERUI_AGENT_FRAMES_PER_S = 5.0
     settings.CLUSTERUI_AGENT_FRAME_BURST = 10
     agent, _ = await join(join_token)  # the hello took a token
@@ -48,7 +61,7 @@ async def test_past_the_bucket_events_are_answered_rate_limited_in_turn(join_tok
     assert waits == sorted(waits) and waits[-1] > waits[0]  # each its own turn, spread out
     assert waits[-1] <= (10 + 1) / 5.0 + 0.05  # the debt is bounded by one burst
     # 20 refusals are no bad frames: the connection is open, and a retry in turn is taken.
-    await asyncio.sleep(limited[0]["retry_after_s"])
+    bucket_clock[0] += limited[0]["retry_after_s"]
     retry = next(f for f in frames if f["id"] == limited[0]["retry_id"])
     await send(agent, retry)
     assert await receive(agent) == {"type": "ack", "ids": [retry["id"]]}
@@ -194,7 +207,7 @@ def test_new_event_counts_start_again_each_hour():
     assert counts.take(7, limit=2) == 0.0 and counts.take(8, limit=2) == 0.0
 
 
-async def test_a_refused_event_is_not_a_bad_frame(join_token, settings):
+async def test_a_refused_event_is_not_a_bad_frame(join_token, settings, bucket_clock):
     settings.CLUSTERUI_AGENT_FRAMES_PER_S = 0.5
     settings.CLUSTERUI_AGENT_FRAME_BURST = 1
     agent, _ = await join(join_token)

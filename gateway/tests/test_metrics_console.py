@@ -56,15 +56,16 @@ def test_the_console_series_count_what_the_console_holds(cluster, memory_store):
                   finished_at=now)
     Alert.objects.create(cluster=cluster, kind="repair_stuck", key="repair:9", summary="x",
                          path="/", opened_at=now)
-    frame = {"type": "sample", "seq": 1, "ts": time.time(), "node": {}, "gpus": []}
+    now_ts = time.time()  # one clock for the sample and the rendering: 2 s old, not stale
+    frame = {"type": "sample", "seq": 1, "ts": now_ts, "node": {}, "gpus": []}
     hygiene = {"slurmd": {"state": "stopped", "restarts": 3},
                "processes": {"zombies": 12, "tasks": 8192, "pid_max": 32768},
                "gres": {"match": False, "nvml_gpus": 8, "slurm_gpus": 7}}
     memory_store.record(cluster.pk, live_entry(frame, node_id=healthy.pk,
-                                               received_at=time.time() - 2, memory_totals={},
+                                               received_at=now_ts - 2, memory_totals={},
                                                hygiene=hygiene))
 
-    values = series(render_console(time.time()))
+    values = series(render_console(now_ts))
 
     slug = cluster.slug
     assert values[f'clusterui_nodes{{cluster="{slug}",state="unhealthy"}}'] == 1

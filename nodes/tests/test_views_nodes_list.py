@@ -67,8 +67,11 @@ def test_the_list_shows_live_numbers_and_the_worst_open_signal(client_for, viewe
     row, quiet = response.context["nodes"]
     assert row.live["util_mean"] == 60 and row.live["util_max"] == 100
     assert (row.live["mem_used_pct"], row.live["temp_max"], row.live["power_w"]) == (50, 83, 1000)
-    assert row.worst_signal == "xid:79 on GPU 3"  # critical before warning
-    assert (quiet.live, quiet.worst_signal) == (None, "")
+    # The worst open signal, drawn by health's template tag: critical before warning.
+    row_html, quiet_html = (response.text.split(f'data-node="{name}"')[1].split("</tr>")[0]
+                            for name in ("gpu-017", "gpu-018"))
+    assert "xid:79 on GPU 3" in row_html and "thermal_throttle" not in row_html
+    assert quiet.live is None and '<span class="muted">none</span>' in quiet_html
     for text in ["60 %", "100 %", "50 %", "83 °C", "1000 W", "xid:79 on GPU 3",
                  "no sample now"]:
         assert text in response.text

@@ -1,3 +1,4 @@
+import functools
 from datetime import timedelta
 
 import pytest
@@ -10,6 +11,7 @@ from clusters.tests.factories import ClusterFactory
 from nodes.choices import NodeState
 from nodes.models import ClusterRollup, Node
 from nodes.tests.factories import NodeFactory, NodeTransitionFactory
+from overview import queries as read
 
 pytestmark = pytest.mark.django_db
 
@@ -48,10 +50,15 @@ def test_it_shows_the_configuration(client_for, viewer, cluster):
         assert text in response.text
 
 
-def test_usage_shows_the_latest_minute_and_the_last_hour(client_for, viewer, cluster):
-    now = timezone.now().replace(second=0, microsecond=0)
+def test_usage_shows_the_latest_minute_and_the_last_hour(client_for, viewer, cluster,
+                                                         monkeypatch):
+    # The view's usage reads a fixed clock, half a minute past the latest rollup: a request
+    # that lands in the next minute would leave the hour's first rollup out.
+    now = timezone.now().replace(second=30, microsecond=0)
+    monkeypatch.setattr(read, "usage", functools.partial(read.usage, now=now))
+    minute = now.replace(second=0)
     ClusterRollup.objects.bulk_create(
-        ClusterRollup(cluster=cluster, minute=now - timedelta(minutes=m), gpus_reporting=512,
+        ClusterRollup(cluster=cluster, minute=minute - timedelta(minutes=m), gpus_reporting=512,
                       gpu_util_pct=70 + m / 10, gpu_mem_used_pct=64, net_bps=22.75e9)
         for m in range(90)
     )

@@ -105,17 +105,19 @@ def test_command_non_zero_exit_raises_with_status_and_output():
 
 
 def test_command_timeout_raises_with_the_output_so_far():
-    provider = CommandProvider({"failover": "echo started; sleep 5; echo finished"}, timeout_s=1)
+    # A 3 s limit leaves a slow machine time to start the shell and echo; 15 s is still
+    # well short of the command's 30.
+    provider = CommandProvider({"failover": "echo started; sleep 30; echo finished"}, timeout_s=3)
 
     started = time.monotonic()
     with pytest.raises(ExecutorError) as error:
         provider.run("failover", "gpu-017")
     elapsed = time.monotonic() - started
 
-    assert elapsed < 3
+    assert elapsed < 15
     message = str(error.value)
     assert message.startswith(
-        "$ echo started; sleep 5; echo finished\ntimed out after 1 s (killed)\n"
+        "$ echo started; sleep 30; echo finished\ntimed out after 3 s (killed)\n"
     )
     assert message.endswith("started\n")
 

@@ -60,12 +60,14 @@ def test_gres_drift_is_repaired_by_reconfigure_without_a_drain_or_a_reboot(node,
         f"reconfigure command #{command.pk} sent to the agent")
     act_step = repair.steps.get(kind="act")
     do_record_command_result(node, command_id=command.pk, status="accepted")
-    later = timezone.now() + timedelta(seconds=6)
+    act_step.refresh_from_db()
+    later = act_step.next_check_at  # when beat checks it again
     steps.run_due_steps(now=later)
     assert "is accepted" in run_next(enqueued, now=later).message  # a reboot would be done here
     do_record_command_result(node, command_id=command.pk, status="ok",
                              message="gres.conf: gpu-011 has 8 GPUs; Gres=gpu:8; matches")
-    later += timedelta(seconds=6)
+    act_step.refresh_from_db()
+    later = act_step.next_check_at
     steps.run_due_steps(now=later)
     outcome = run_next(enqueued, now=later)
     assert outcome.message == f"the agent carried out reconfigure command #{command.pk}"
@@ -75,7 +77,7 @@ def test_gres_drift_is_repaired_by_reconfigure_without_a_drain_or_a_reboot(node,
     outcome = run_next(enqueued, now=later)  # verify: gres_drift still open
     assert isinstance(outcome, steps.Wait)
     do_close_health_event(event, reason="cleared by the agent")
-    later += timedelta(seconds=6)
+    later = repair.steps.get(kind="verify").next_check_at
     steps.run_due_steps(now=later)
     assert run_next(enqueued, now=later).message == (
         "Slurm's view of the GPUs matches the hardware")

@@ -60,7 +60,8 @@ def test_a_reprovision_runs_every_step_and_the_node_ends_healthy(node, operator,
     assert isinstance(outcome, steps.Wait) and not enqueued  # re-checked by beat, not a sleep
     assert steps.run_step(wait_step.pk) is None  # not due yet
     do_record_hello(node, boot_id="boot-2", gpus=GPUS)
-    later = timezone.now() + timedelta(seconds=6)
+    wait_step.refresh_from_db()
+    later = wait_step.next_check_at  # when beat checks it again
     assert steps.run_due_steps(now=later) == 1
     assert run_next(enqueued, now=later).message.startswith("back with a new boot id")
 
@@ -70,7 +71,7 @@ def test_a_reprovision_runs_every_step_and_the_node_ends_healthy(node, operator,
     for run in runs:
         do_record_check_result(node, run_id=run.pk, status="passed")
     verify_step = repair.steps.get(kind="verify")
-    later += timedelta(seconds=6)
+    later = verify_step.next_check_at
     steps.run_due_steps(now=later)
     assert run_next(enqueued, now=later).message == "passed nvml_sanity, gpu_compute"
     assert run_next(enqueued).message == "resumed (none)"
