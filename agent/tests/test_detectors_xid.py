@@ -296,7 +296,7 @@ def test_nvml_xid_events_stop_within_a_wait(backend, fake):
     started = time.monotonic()
     events.close()
 
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 2.0  # a 0.5 s wait, with room for a busy machine
     assert not events._thread.is_alive()
 
 
