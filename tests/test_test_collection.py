@@ -73,7 +73,7 @@ def test_every_app_with_tests_is_in_testpaths():
             continue  # Django's and third-party apps
         if (path / "tests" / "__init__.py").is_file():
             apps_with_tests.append(PurePosixPath(path.relative_to(REPO).as_posix()))
-    assert PurePosixPath("clusterui") in apps_with_tests  # the app listing works
+    assert PurePosixPath("clusters") in apps_with_tests  # the app listing works
     missing = [str(a) for a in apps_with_tests if not under(a / "tests", folders)]
     assert not missing, f"apps whose tests/ is not in pytest.ini's testpaths: {missing}"
 
