@@ -4,7 +4,8 @@ Everything is built through the services (do_register_node, do_record_hello, the
 event and pause/resume services, and the beat's refresh_due_node_states), replayed in time
 order from 24 hours ago, so every state change is a real NodeTransition computed by the
 state function. The GPU facts and the usage figures come from the real H200 readings in
-agent/data/h200/ (see its README.md), the trace the simulated agents replay. Deterministic: a seeded random.Random.
+agent/data/h200/ (see its README.md), the trace the simulated agents replay.
+Deterministic: a seeded random.Random.
 
 Embedded mode only: it creates accounts whose password is their name.
 """

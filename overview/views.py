@@ -31,7 +31,8 @@ from .forms import TimelineFilterForm
 @require_GET
 @require_role(Role.VIEWER)
 def cluster_list(request):
-    return render(request, "overview/cluster_list.html", {"clusters": read.clusters_with_state_counts()})
+    return render(request, "overview/cluster_list.html",
+                  {"clusters": read.clusters_with_state_counts()})
 
 
 @require_http_methods(["GET", "POST"])

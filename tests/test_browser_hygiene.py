@@ -1,5 +1,5 @@
 """In Chromium: the node page's hygiene panel. A real agent on simulated GPUs (its node
-hygiene simulated too: agent/hygiene/simulated.py) joins, and 2 s later 25 zombies appear
+hygiene simulated too: agent/sim/hygiene.py) joins, and 2 s later 25 zombies appear
 under one parent; the panel shows them without a reload, one click on "Clean up processes"
 has the agent reap them, and the panel shows its answer and the zombies gone."""
 

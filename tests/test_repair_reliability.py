@@ -45,7 +45,7 @@ REAL_SCONTROL = "/usr/bin/scontrol"
 # For the whole-worker kill: a task taken by a dead worker is back in the queue this long
 # after it was delivered (the Redis transport's visibility timeout; 600 s by default).
 VISIBILITY_TIMEOUT_S = 5
-# What the agent logs once per reboot (agent/commands.py SimulatedReboot).
+# What the agent logs once per reboot (agent/sim/boot.py SimulatedReboot).
 AGENT_REBOOT_LINE = "simulated reboot of gpu-001"
 
 

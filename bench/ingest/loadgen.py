@@ -2,7 +2,7 @@
 
     python bench/ingest/loadgen.py --fleet FLEET.json --ports 8001[,8002] [--connections 2000]
 
-Each connection says hello with its node's 8 simulated H200s (agent/backends/simulated.py),
+Each connection says hello with its node's 8 simulated H200s (agent/sim/backend.py),
 waits for the welcome, then sends samples built with agent/connection/protocol.py's frame builders
 (real H200 readings, ~2.1 KB each). One pacer sends them at a target aggregate rate,
 round-robin over the connections, so every node reports at rate/N per second, evenly spaced.

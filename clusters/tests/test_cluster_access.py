@@ -15,7 +15,8 @@ def request_by(user):
 
 @pytest.mark.parametrize("persona", ["viewer", "operator", "admin"])
 def test_every_role_reads_the_cluster(request, cluster, persona):
-    assert get_cluster_for_user(request_by(request.getfixturevalue(persona)), cluster.slug) == cluster
+    user = request.getfixturevalue(persona)
+    assert get_cluster_for_user(request_by(user), cluster.slug) == cluster
 
 
 def test_a_user_without_a_role_reads_no_cluster(cluster, outsider):

@@ -1,3 +1,6 @@
+"""Active checks and acceptance: asking a node's agent for runs, their results, and judging
+a node after acceptance or a reboot."""
+
 from datetime import timedelta
 
 from django.db import models, transaction

@@ -1,3 +1,6 @@
+"""Health events: passive signals from agents and the server, and operators' actions on
+them (acknowledge, resolve, silence)."""
+
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta

@@ -1,3 +1,5 @@
+"""Commands to a node's agent (PROTOCOL.md `command` / `command_result`)."""
+
 from datetime import timedelta
 
 from django.db import transaction

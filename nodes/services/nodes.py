@@ -1,3 +1,5 @@
+"""Registering a node, its hellos, pausing and resuming it, its role, removing it."""
+
 from datetime import timedelta
 
 from django.conf import settings

@@ -1,3 +1,4 @@
+"""Opening a node, or its whole cluster, to re-join (PROTOCOL.md)."""
 
 from django.db import transaction
 from django.utils import timezone

@@ -1,3 +1,6 @@
+"""Agent tokens (PROTOCOL.md "Connecting"): join tokens and node tokens, random, shown
+once, stored as a SHA-256 hash."""
+
 import hashlib
 import secrets
 from datetime import timedelta

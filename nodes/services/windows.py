@@ -1,3 +1,4 @@
+"""Maintenance windows: making, changing and ending them."""
 
 from django.db import transaction
 from django.utils import timezone
@@ -13,8 +14,9 @@ def do_create_maintenance_window(cluster, *, reason, starts_at, ends_at=None, cr
     """A maintenance window over `nodes` of the cluster (none: the whole cluster)."""
     now = now or timezone.now()
     window = MaintenanceWindow.objects.create(
-        cluster=cluster, whole_cluster=not nodes, reason=reason, starts_at=starts_at, ends_at=ends_at, cron=cron,
-        duration_minutes=duration_minutes, created_at=now, created_by_name=actor_name(actor))
+        cluster=cluster, whole_cluster=not nodes, reason=reason, starts_at=starts_at,
+        ends_at=ends_at, cron=cron, duration_minutes=duration_minutes, created_at=now,
+        created_by_name=actor_name(actor))
     window.nodes.set(nodes)
     record_audit(actor, "maintenance.create", window, cluster=cluster, request=request, now=now,
                  changes=_window_fields(window))
