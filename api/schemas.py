@@ -5,6 +5,22 @@ from uuid import UUID
 
 from ninja import Field, Schema
 
+from healthchecks.forms import SilenceForm
+from healthchecks.models import CheckRun
+from nodes.forms import PauseNodeForm
+from repairs.forms import AbortRepairForm, CommentForm, ProposeRepairForm
+from repairs.models import Repair
+
+
+def form_limit(form, field):
+    """A page form's limit on a field: a body the API takes has the same limits as the form
+    that takes it on the page (and OpenAPI shows them), written once, in the form."""
+    return form.base_fields[field].max_length
+
+
+def column_limit(model, field):
+    return model._meta.get_field(field).max_length
+
 
 class Problem(Schema):
     """An error, as RFC 9457 problem details (application/problem+json)."""
@@ -203,27 +219,27 @@ class AuditPage(Page):
 
 
 class Comment(Schema):
-    comment: str = Field("", max_length=500)
+    comment: str = Field("", max_length=form_limit(CommentForm, "comment"))
 
 
 class Abort(Schema):
-    comment: str = Field(..., min_length=1, max_length=500)
+    comment: str = Field(..., min_length=1, max_length=form_limit(AbortRepairForm, "comment"))
     resume_node: bool = False
 
 
 class Propose(Schema):
-    action: str = Field(..., max_length=16)
-    reason: str = Field(..., min_length=1, max_length=300)
+    action: str = Field(..., max_length=column_limit(Repair, "action"))
+    reason: str = Field(..., min_length=1, max_length=form_limit(ProposeRepairForm, "reason"))
 
 
 class Pause(Schema):
-    reason: str = Field(..., min_length=1, max_length=200)
+    reason: str = Field(..., min_length=1, max_length=form_limit(PauseNodeForm, "reason"))
 
 
 class RunCheck(Schema):
-    check: str = Field(..., max_length=64)
+    check: str = Field(..., max_length=column_limit(CheckRun, "check_name"))
 
 
 class Silence(Schema):
     hours: float
-    reason: str = Field(..., max_length=200)
+    reason: str = Field(..., max_length=form_limit(SilenceForm, "reason"))
