@@ -52,8 +52,9 @@ def imported_modules(path, tree=None):
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package[:len(package) - node.level + 1]
-                found.append((".".join(base + ([node.module] if node.module else [])),
-                              node.lineno))
+                names = ([node.module] if node.module
+                         else [alias.name for alias in node.names])  # from . import views
+                found.extend((".".join(base + [name]), node.lineno) for name in names)
             else:
                 found.append((node.module, node.lineno))
     return found
@@ -139,3 +140,36 @@ def test_the_hidden_import_finder_finds_one(tmp_path, monkeypatch):
     (tmp_path / "example.py").write_text(
         "import os\n\ndef f():\n    from nodes.models import Node\n    import json\n")
     assert function_level_imports(Path("example.py")) == [("nodes.models", 4)]
+
+
+# The modules of an app that serve its pages (STYLE.md, an app's shape): a module of the
+# domain (models, services, rules, steps...) never imports one, of its own app or another.
+PAGE_MODULES = {"views", "urls", "forms", "filters", "queries", "responses", "tasks",
+                "templatetags", "management", "accounts"}
+
+
+def is_page(module):
+    return any(part in PAGE_MODULES for part in module.split(".")[1:])
+
+
+def test_no_domain_module_imports_a_page_module():
+    domain_packages = [p for p in SERVER_PACKAGES
+                       if p not in ("clusterui", "overview", "gateway", "api", "demo")]
+    wrong = []
+    for package in domain_packages:
+        for path in code_files(package):
+            module = ".".join(path.with_suffix("").parts).removesuffix(".__init__")
+            if is_page(module):
+                continue
+            wrong += [f"{path}:{line} imports {name}" for name, line in imported_modules(path)
+                      if name.split(".")[0] in SERVER_PACKAGES and is_page(name)]
+    assert wrong == [], "a domain module imports a page module: " + "; ".join(wrong)
+
+
+def test_the_page_rule_finds_a_service_importing_its_views(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    (tmp_path / "nodes").mkdir()
+    (tmp_path / "nodes" / "services.py").write_text("from . import views\n")
+    (tmp_path / "nodes" / "views.py").write_text("from .services import x\n")
+    found = [name for name, _ in imported_modules(Path("nodes/services.py"))]
+    assert found == ["nodes.views"] and is_page(found[0]) and not is_page("nodes.services")
