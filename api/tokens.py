@@ -3,9 +3,11 @@ SHA-256 is kept. Every change is on the audit trail."""
 
 import hashlib
 import secrets
-from datetime import timedelta
+from datetime import datetime, timedelta
 
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
+from django.http import HttpRequest
 from django.utils import timezone
 
 from clusters.services import record_audit
@@ -22,7 +24,8 @@ def hashed(plaintext):
 
 
 @transaction.atomic
-def do_create_api_token(user, *, name, expires_in_days, request=None, now=None):
+def do_create_api_token(user, *, name: str, expires_in_days, request: HttpRequest | None = None,
+                        now: datetime | None = None) -> tuple[ApiToken, str]:
     """(the token, its plaintext: shown once)."""
     now = now or timezone.now()
     prefix = secrets.token_hex(4)
@@ -37,7 +40,8 @@ def do_create_api_token(user, *, name, expires_in_days, request=None, now=None):
 
 
 @transaction.atomic
-def do_revoke_api_token(token, *, actor, request=None, now=None):
+def do_revoke_api_token(token, *, actor: AbstractBaseUser, request: HttpRequest | None = None,
+                        now: datetime | None = None) -> bool:
     now = now or timezone.now()
     revoked = ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=now)
     if revoked:

@@ -10,8 +10,9 @@ from django.contrib import auth
 from django.contrib.auth import REDIRECT_FIELD_NAME, get_user_model
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.backends import ModelBackend
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.contrib.auth.decorators import login_not_required
-from django.http import Http404
+from django.http import Http404, HttpRequest
 from django.shortcuts import redirect, render, resolve_url
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -21,7 +22,12 @@ from common.redirects import safe_next
 from .oidc import FAILURE_SESSION_KEY, mapped_groups_by_role, provider_logout_url
 from .roles import Role, has_role
 from .services import client_ip, record_audit
-from .sign_in_limits import forget_failed_sign_ins, lockout, record_failed_sign_in
+from .sign_in_limits import (
+    Lockout,
+    forget_failed_sign_ins,
+    lockout,
+    record_failed_sign_in,
+)
 
 MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
 
@@ -141,7 +147,8 @@ class BreakGlassForm(forms.Form):
     password = forms.CharField(label="Password", strip=False, widget=forms.PasswordInput)
 
 
-def do_break_glass_sign_in(request, username, password):
+def do_break_glass_sign_in(request: HttpRequest, username,
+                           password) -> tuple[AbstractBaseUser | None, Lockout | None]:
     """Sign a local admin account in with its password, auditing the attempt whatever its
     outcome. Returns (the user, None); or (None, the Lockout) when the attempt was not looked
     at, and (None, None) when it was refused (the audit entry says why)."""

@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 import yaml
 from django import forms
 from django.conf import settings
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
+from django.http import HttpRequest
 
-from .models import KubernetesAccess
+from .models import Cluster, KubernetesAccess
 from .oidc import role_groups
 from .roles import Role, role_of
 from .services import record_audit
@@ -328,7 +330,8 @@ def _audited_value(name, value):
 
 
 @transaction.atomic
-def do_update_kubernetes_access(cluster, form, *, actor, request=None):
+def do_update_kubernetes_access(cluster: Cluster, form, *, actor: AbstractBaseUser,
+                                request: HttpRequest | None = None) -> list[str]:
     """Save the admin's valid form onto the cluster's row (made on the first save); the audit
     entry holds each changed field before/after. Returns the names of the changed fields."""
     access, created = KubernetesAccess.objects.select_for_update().get_or_create(cluster=cluster)

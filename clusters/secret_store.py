@@ -15,12 +15,15 @@ or as a notification channel's URL or signing key at the moment a message is sen
 
 import os
 import re
+from datetime import datetime
 from functools import cache
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
+from django.http import HttpRequest
 from django.utils import timezone
 
 from .models import Secret
@@ -61,7 +64,9 @@ def fernet():
 
 
 @transaction.atomic
-def do_set_secret(name, value, *, actor, description="", request=None, now=None):
+def do_set_secret(name: str, value, *, actor: AbstractBaseUser, description="",
+                  request: HttpRequest | None = None,
+                  now: datetime | None = None) -> tuple[Secret, bool]:
     """Create the secret, or replace its value (and description). Returns (secret, created).
     The audit trail says who and when, never the value."""
     now = now or timezone.now()
@@ -88,7 +93,8 @@ def store_secret(name, value, *, description, by_name, now):
 
 
 @transaction.atomic
-def do_delete_secret(secret, *, actor, request=None):
+def do_delete_secret(secret, *, actor: AbstractBaseUser,
+                     request: HttpRequest | None = None) -> None:
     record_audit(actor, "secret.delete", secret, request=request, changes={"name": secret.name})
     secret.delete()
 

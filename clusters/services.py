@@ -3,7 +3,9 @@
 import ipaddress
 
 from django.conf import settings
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
+from django.http import HttpRequest
 from django.utils import timezone
 from django.forms.models import model_to_dict
 
@@ -67,7 +69,8 @@ def _configuration(cluster):
 
 
 @transaction.atomic
-def do_create_cluster(form, *, actor, request=None):
+def do_create_cluster(form, *, actor: AbstractBaseUser | None,
+                      request: HttpRequest | None = None) -> Cluster:
     cluster = form.save(commit=False)
     cluster.created_by = actor
     cluster.save()
@@ -84,7 +87,8 @@ def do_create_cluster(form, *, actor, request=None):
 
 
 @transaction.atomic
-def do_update_cluster(form, *, actor, request=None):
+def do_update_cluster(form, *, actor: AbstractBaseUser,
+                      request: HttpRequest | None = None) -> tuple[Cluster, dict]:
     """Save an edited configuration; the audit entry holds each changed field before/after."""
     before = _configuration(
         Cluster.objects.select_for_update(no_key=True).get(pk=form.instance.pk))

@@ -4,8 +4,12 @@ a repair's verify step or by an operator, which closes it. The comparison itself
 nodes/inventory.py's; the hello is stored by nodes.services.do_record_hello first.
 """
 
+from datetime import datetime
+
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
 from django.db.models import F, Q
+from django.http import HttpRequest
 from django.utils import timezone
 
 from clusters.services import actor_name, record_audit
@@ -28,7 +32,7 @@ from .services import do_close_health_event, do_record_health_event
 
 
 @transaction.atomic(savepoint=False)  # on every hello: no caller goes on after an error
-def do_judge_inventory(node, *, now=None):
+def do_judge_inventory(node: Node, *, now: datetime | None = None) -> None:
     """After a hello: inventory GPUs absent from it are marked missing and get a gpu_lost,
     unless one is open on them (a repeated hello is not a new loss). One present again
     loses the mark; its gpu_lost stays open, an edge signal (DESIGN.md)."""
@@ -78,7 +82,9 @@ def review_gpu_inventory(node):
 
 
 @transaction.atomic
-def do_accept_gpu_inventory(node, *, actor, request=None, now=None):
+def do_accept_gpu_inventory(node: Node, *, actor: AbstractBaseUser | None,
+                            request: HttpRequest | None = None,
+                            now: datetime | None = None) -> InventoryReview:
     """The node's inventory becomes the GPUs of its latest hello, and the gpu_lost events
     that settles close: an operator's decision, or a repair's verify step (actor None).
     Returns the InventoryReview it carried out; nothing changes unless it is acceptable."""

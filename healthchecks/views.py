@@ -1,6 +1,8 @@
+from uuid import UUID
+
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.http import QueryDict
+from django.http import HttpRequest, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
@@ -27,7 +29,7 @@ from .services import (
 EVENTS_PAGE_SIZE = 50
 
 
-def get_event_for_user(request, slug, public_id):
+def get_event_for_user(request: HttpRequest, slug: str, public_id: UUID) -> HealthEvent:
     cluster = get_cluster_for_user(request, slug)
     return get_object_or_404(HealthEvent.objects.select_related("node__cluster", "gpu"),
                              node__cluster=cluster, public_id=public_id)

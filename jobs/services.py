@@ -11,7 +11,7 @@ or is killed leaves it where the stored rows are.
 
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -59,7 +59,8 @@ def import_window(cluster, cursor, now):
     return since, now
 
 
-def do_import_jobs(cluster, *, slurm_conf=None, now=None):
+def do_import_jobs(cluster: Cluster, *, slurm_conf=None,
+                   now: datetime | None = None) -> ImportResult:
     """Import the cluster's jobs from sacct (with SLURM_CONF=slurm_conf when given)."""
     now = (now or timezone.now()).replace(microsecond=0)
     cursor, _ = ImportCursor.objects.get_or_create(cluster=cluster)

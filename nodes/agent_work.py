@@ -16,6 +16,7 @@ and what follows a hello or an expiry.
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.db import transaction
 from django.utils import timezone
@@ -54,7 +55,7 @@ def parse_offer(object_id):
     return name, int(pk)
 
 
-def do_mark_sent(kind, node_id, work_id, now=None):
+def do_mark_sent(kind, node_id, work_id, now: datetime | None = None) -> dict | None:
     """The work's frame, marked as handed to the agent's connection; None when it is
     answered or finished, past its deadline, or not this node's."""
     now = now or timezone.now()

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.core.paginator import Paginator
 from django.db.models import Count, Q
+from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
@@ -26,7 +27,7 @@ NODES_PAGE_SIZE = 50
 CHART_METRICS = ("util_pct", "mem_used_bytes", "temp_c", "power_w")
 
 
-def get_node_for_user(request, slug, name):
+def get_node_for_user(request: HttpRequest, slug: str, name: str) -> Node:
     cluster = get_cluster_for_user(request, slug)
     return get_object_or_404(Node.objects.select_related("cluster"), cluster=cluster, name=name)
 

@@ -3,20 +3,22 @@ key: those live in the secrets store, clusters/secret_store.py, and are never sh
 
 import base64
 import secrets as random_bytes
-from datetime import timedelta
+from datetime import datetime, timedelta
 from urllib.parse import urlsplit
 
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
+from django.http import HttpRequest
 from django.utils import timezone
 
-from clusters.models import Secret
+from clusters.models import Cluster, Secret
 from clusters.secret_store import store_secret, value_of
 from clusters.services import record_audit
 from healthchecks.choices import Severity
 
 from .deliveries import create_delivery
 from .messages import channel_test_message
-from .models import Channel, Rule
+from .models import Channel, Delivery, Rule
 
 # After a rotation, webhooks carry the old key's signature too for this long.
 SIGNING_OVERLAP = timedelta(hours=24)
@@ -52,8 +54,9 @@ def _set_rules(channel, rules):
 
 
 @transaction.atomic
-def do_create_channel(cluster, *, name, kind, url, rules, actor, request=None, now=None,
-                      **timing):
+def do_create_channel(cluster: Cluster, *, name: str, kind, url, rules, actor: AbstractBaseUser,
+                      request: HttpRequest | None = None, now: datetime | None = None,
+                      **timing) -> tuple[Channel, str | None]:
     """A channel with its rules; its URL (and a webhook's new signing key) go to the
     secrets store. Returns (channel, the signing key to show once, or None)."""
     now = now or timezone.now()
@@ -80,7 +83,9 @@ def do_create_channel(cluster, *, name, kind, url, rules, actor, request=None, n
 
 
 @transaction.atomic
-def do_update_channel(channel, *, name, url, rules, actor, request=None, now=None, **timing):
+def do_update_channel(channel, *, name: str, url, rules, actor: AbstractBaseUser,
+                      request: HttpRequest | None = None, now: datetime | None = None,
+                      **timing) -> list[str]:
     """Change the channel; an empty `url` keeps the stored one. Returns the fields changed."""
     now = now or timezone.now()
     channel = Channel.objects.select_for_update().get(pk=channel.pk)
@@ -112,7 +117,8 @@ def do_update_channel(channel, *, name, url, rules, actor, request=None, now=Non
 
 
 @transaction.atomic
-def do_delete_channel(channel, *, actor, request=None):
+def do_delete_channel(channel, *, actor: AbstractBaseUser,
+                      request: HttpRequest | None = None) -> None:
     record_audit(actor, "notification_channel.delete", channel, cluster=channel.cluster,
                  request=request, changes={"name": channel.name})
     Secret.objects.filter(name__in=_secret_names(channel)).delete()
@@ -120,7 +126,8 @@ def do_delete_channel(channel, *, actor, request=None):
 
 
 @transaction.atomic
-def do_rotate_signing_key(channel, *, actor, request=None, now=None):
+def do_rotate_signing_key(channel, *, actor: AbstractBaseUser, request: HttpRequest | None = None,
+                          now: datetime | None = None) -> str:
     """A new signing key for a webhook channel; the old one still signs for SIGNING_OVERLAP,
     so receivers can move to the new one without missing a message. Returns the new key,
     to show once."""
@@ -150,7 +157,8 @@ def do_rotate_signing_key(channel, *, actor, request=None, now=None):
 
 
 @transaction.atomic
-def do_send_test(channel, *, actor, request=None, now=None):
+def do_send_test(channel, *, actor: AbstractBaseUser, request: HttpRequest | None = None,
+                 now: datetime | None = None) -> Delivery:
     """A test message to the channel, sent like any other (retried, logged)."""
     now = now or timezone.now()
     delivery = create_delivery(channel, channel_test_message(channel, actor.get_username(), now),

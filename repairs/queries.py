@@ -3,9 +3,11 @@ repair cards with what they show (the jobs a repair would hit, the node's earlie
 in a fixed number of queries."""
 
 from dataclasses import dataclass
+from uuid import UUID
 
 from django.db.models import F, Prefetch, Window
 from django.db.models.functions import RowNumber
+from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
 
 from clusters.queries import get_cluster_for_user
@@ -21,7 +23,7 @@ NODE_HISTORY_LIMIT = 5  # a recommendation shows this many of its node's earlier
 NODE_PAGE_HISTORY_LIMIT = 20
 
 
-def get_repair_for_user(request, slug, public_id):
+def get_repair_for_user(request: HttpRequest, slug: str, public_id: UUID) -> Repair:
     cluster = get_cluster_for_user(request, slug)
     return get_object_or_404(with_card_data(Repair.objects.all()), cluster=cluster,
                              public_id=public_id)

@@ -3,12 +3,14 @@ Status moves go through repairs.transitions.transition(); running is repairs.ste
 
 import logging
 import math
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from celery import current_app
 from django.conf import settings as django_settings
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.db.models import Q
+from django.http import HttpRequest
 from django.utils import timezone
 
 from clusters.change_feed import Kind, read_changes
@@ -185,7 +187,8 @@ def resolve_quiet_recommendations(now=None):
 
 
 @transaction.atomic
-def do_propose_repair(node, *, action, actor, reason, request=None, now=None):
+def do_propose_repair(node: Node, *, action, actor: AbstractBaseUser, reason,
+                      request: HttpRequest | None = None, now: datetime | None = None) -> Repair:
     """An operator proposes a repair by hand; it waits for approval like any other."""
     now = now or timezone.now()
     node = (Node.objects.select_for_update(of=("self",), no_key=True)
@@ -210,7 +213,8 @@ def do_propose_repair(node, *, action, actor, reason, request=None, now=None):
 
 
 @transaction.atomic
-def do_approve_repair(repair, *, actor, comment="", request=None, now=None):
+def do_approve_repair(repair, *, actor: AbstractBaseUser, comment="",
+                      request: HttpRequest | None = None, now: datetime | None = None) -> Repair:
     """Approve a proposed repair and start it (or let it wait for the blast-radius limit).
     Two operators approving at once: one wins, the other gets Conflict."""
     now = now or timezone.now()
@@ -222,7 +226,8 @@ def do_approve_repair(repair, *, actor, comment="", request=None, now=None):
 
 
 @transaction.atomic
-def do_reject_repair(repair, *, actor, comment="", request=None, now=None):
+def do_reject_repair(repair, *, actor: AbstractBaseUser, comment="",
+                     request: HttpRequest | None = None, now: datetime | None = None) -> Repair:
     now = now or timezone.now()
     repair = transition(repair, Status.REJECTED, actor=actor, reason=comment or "rejected",
                         now=now, reviewed_by=actor, reviewed_at=now, review_comment=comment,
@@ -233,7 +238,8 @@ def do_reject_repair(repair, *, actor, comment="", request=None, now=None):
 
 
 @transaction.atomic
-def do_cancel_repair(repair, *, actor, comment="", request=None, now=None):
+def do_cancel_repair(repair, *, actor: AbstractBaseUser, comment="",
+                     request: HttpRequest | None = None, now: datetime | None = None) -> Repair:
     """Proposed, approved or waiting repairs can be cancelled; a running one cannot."""
     now = now or timezone.now()
     repair = transition(repair, Status.CANCELLED, actor=actor, reason=comment or "cancelled",
@@ -351,7 +357,8 @@ SETTINGS_FIELDS = ("provider", "provider_commands",
 
 
 @transaction.atomic
-def do_update_repair_settings(form, *, actor, request=None, now=None):
+def do_update_repair_settings(form, *, actor: AbstractBaseUser, request: HttpRequest | None = None,
+                              now: datetime | None = None) -> list[str]:
     """Save an edited RepairSettingsForm; the audit entry holds each changed field
     before/after. Returns the names of the changed fields."""
     stored = RepairSettings.objects.select_for_update().get(pk=form.instance.pk)
@@ -368,8 +375,9 @@ def do_update_repair_settings(form, *, actor, request=None, now=None):
 
 
 @transaction.atomic
-def do_set_repair_policy(cluster, signature, *, action, auto_approve, actor, request=None,
-                         now=None):
+def do_set_repair_policy(cluster: Cluster, signature, *, action, auto_approve,
+                         actor: AbstractBaseUser, request: HttpRequest | None = None,
+                         now: datetime | None = None) -> bool:
     """The cluster's policy for one signature. action: an Action, "" for no repair, or None
     to drop the cluster's row (the defaults of repairs.policy apply again). Returns whether
     anything changed."""

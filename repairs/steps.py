@@ -15,10 +15,12 @@ with its reason: no repair stays running for ever.
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Q
+from django.http import HttpRequest
 from django.utils import timezone
 
 from healthchecks.check_catalog import AFTER_REBOOT_CHECKS
@@ -381,7 +383,9 @@ def fail_repair(repair, why, now):
                   now=now)
 
 
-def do_abort_repair(repair, *, actor, comment, resume_node, request=None, now=None):
+def do_abort_repair(repair, *, actor: AbstractBaseUser, comment, resume_node,
+                    request: HttpRequest | None = None,
+                    now: datetime | None = None) -> tuple[Repair, str]:
     """An operator stops a running repair, saying why (DESIGN.md: aborted). No step runs
     after it; one running at that moment finishes and is recorded, and nothing follows it.
     The node then stays out of service, paused with the comment, or (resume_node) goes

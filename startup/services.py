@@ -18,13 +18,16 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
 from django.db.models import Max
+from django.http import HttpRequest
 from django.utils import timezone
 
 from clusters.change_feed import Kind, record_change, record_node_changes
+from clusters.models import Cluster
 from clusters.secret_store import SecretsUnavailable, referenced_names, values_referenced_in
 from clusters.services import record_audit
 from healthchecks.services import do_close_health_event, do_record_health_event
@@ -113,8 +116,10 @@ def _new_version(script, body, *, actor, now, validation=None, accepted=False,
 
 
 @transaction.atomic
-def do_save_startup_script(cluster, *, event, role, body, timeout_s, validation,
-                           accepted_warnings=False, actor=None, request=None, now=None):
+def do_save_startup_script(cluster: Cluster, *, event, role, body, timeout_s, validation,
+                           accepted_warnings=False, actor: AbstractBaseUser | None = None,
+                           request: HttpRequest | None = None,
+                           now: datetime | None = None) -> StartupScriptVersion:
     """Save a validated body as the script's next version (the script is made on its first
     save). The caller validated it (validate_body) and refused syntax errors and unaccepted
     warnings. Returns the new version."""
@@ -139,7 +144,9 @@ def do_save_startup_script(cluster, *, event, role, body, timeout_s, validation,
 
 
 @transaction.atomic
-def do_roll_back_startup_script(script, number, *, actor=None, request=None, now=None):
+def do_roll_back_startup_script(script, number, *, actor: AbstractBaseUser | None = None,
+                                request: HttpRequest | None = None,
+                                now: datetime | None = None) -> StartupScriptVersion:
     """A new version with version `number`'s body. Returns it."""
     now = now or timezone.now()
     script = StartupScript.objects.select_for_update().get(pk=script.pk)
@@ -232,7 +239,7 @@ def has_boot_scripts(node):
 
 
 @transaction.atomic
-def do_record_script_run(node, frame, now=None):
+def do_record_script_run(node: Node, frame, now: datetime | None = None) -> ScriptRun:
     """Store a script_result frame. Returns the ScriptRun."""
     now = now or timezone.now()
     script = StartupScript.objects.filter(pk=frame["script_id"],
@@ -284,7 +291,7 @@ def boot_scripts(node):
         current_version__isnull=False)
 
 
-def do_hold_for_boot_scripts(node, *, rebooted, now=None):
+def do_hold_for_boot_scripts(node: Node, *, rebooted, now: datetime | None = None) -> bool:
     """At a hello with a new boot id: the agent runs the node's boot scripts once per boot,
     and the node stays booting until their results arrive (or boot_deadline passes)."""
     if not rebooted or not boot_scripts(node).exists():
@@ -324,7 +331,7 @@ def release_boot_hold_if_done(node, now=None):
     return _release_boot_hold(node, "boot scripts done", now or timezone.now())
 
 
-def do_end_overdue_boot_holds(now=None):
+def do_end_overdue_boot_holds(now: datetime | None = None) -> int:
     """Nodes whose boot scripts' results never came within the deadline stop booting (a beat
     task, startup.tasks.end_overdue_boot_holds). Returns how many."""
     now = now or timezone.now()

@@ -1,14 +1,17 @@
 """Active checks and acceptance: asking a node's agent for runs, their results, and judging
 a node after acceptance or a reboot."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import models, transaction
+from django.http import HttpRequest
 from django.utils import timezone
 
 from clusters.change_feed import Kind, record_change
 from clusters.services import record_audit
 from nodes import agent_work
+from nodes.models import Node
 
 from ..check_catalog import ACCEPTANCE_CHECKS, AFTER_REBOOT_CHECKS, CHECKS, params_for
 from ..choices import NODE_AFFECTING, Severity, Source
@@ -51,8 +54,9 @@ def announce_run_change(run):
 
 
 @transaction.atomic
-def do_request_check(node, check_name, *, purpose=CheckRun.Purpose.ON_DEMAND, actor=None,
-                     request=None, reason="", now=None):
+def do_request_check(node: Node, check_name, *, purpose=CheckRun.Purpose.ON_DEMAND,
+                     actor: AbstractBaseUser | None = None, request: HttpRequest | None = None,
+                     reason="", now: datetime | None = None) -> tuple[CheckRun, bool]:
     """Ask the node's agent to run a check. Returns (run, created): while the same check is
     still unfinished on the node for the same purpose, that run is returned and no second
     one starts (a double click, two operators)."""
@@ -82,8 +86,9 @@ def do_request_check(node, check_name, *, purpose=CheckRun.Purpose.ON_DEMAND, ac
     return run, True
 
 
-def do_request_checks(node, check_names, *, purpose, actor=None, request=None, reason="",
-                      now=None):
+def do_request_checks(node: Node, check_names, *, purpose, actor: AbstractBaseUser | None = None,
+                      request: HttpRequest | None = None, reason="",
+                      now: datetime | None = None) -> list[tuple[CheckRun, bool]]:
     """Several checks at once (a battery); the agent runs them one after another.
     Returns [(run, created)] as do_request_check does."""
     return [
@@ -94,7 +99,8 @@ def do_request_checks(node, check_names, *, purpose, actor=None, request=None, r
 
 
 @transaction.atomic
-def do_record_check_result(node, *, run_id, status, metrics=None, message="", now=None):
+def do_record_check_result(node: Node, *, run_id, status, metrics=None, message="",
+                           now: datetime | None = None) -> CheckRun | None:
     """An agent's check_result. Returns the run, or None when the node has no such run.
 
     A failed check opens (or counts on) the node's `check:<name>` event; a passed one
@@ -131,7 +137,8 @@ def _after_run_finished(run, now):
 
 
 @transaction.atomic
-def do_bulk_request_checks(nodes, check_names, *, purpose, actor=None, request=None):
+def do_bulk_request_checks(nodes, check_names, *, purpose, actor: AbstractBaseUser | None = None,
+                           request: HttpRequest | None = None) -> list[bool]:
     """The same checks on several nodes (the Nodes list's bulk form), in one transaction: one
     boolean per node, whether every check started (False: some were running already)."""
     return [all(created for _, created in do_request_checks(

@@ -3,11 +3,13 @@ them (acknowledge, resolve, silence)."""
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import IntegrityError, models, transaction
 from django.db.models import Case, F, Value, When
 from django.db.models.functions import Greatest
+from django.http import HttpRequest
 from django.utils import timezone
 
 from clusters.change_feed import Kind, record_change, record_changes
@@ -31,9 +33,9 @@ def announce_health_change(event, kind=Kind.HEALTH_EVENT):
 
 @transaction.atomic
 def do_record_health_event(
-    node, *, signature, severity, message="", gpu=None, evidence=None,
-    source=Source.PASSIVE, count=1, now=None,
-):
+    node: Node, *, signature, severity, message="", gpu=None, evidence=None,
+    source=Source.PASSIVE, count=1, now: datetime | None = None,
+) -> HealthEvent:
     """Open an event, or raise the count of the open one with the same (node, GPU, signature)."""
     signal = Signal(node=node, signature=signature, gpu=gpu, severity=severity,
                     message=message, evidence=evidence or {}, count=count)
@@ -47,7 +49,8 @@ def _close(event, *, reason, actor, now):
 
 
 @transaction.atomic
-def do_close_health_event(event, *, reason, actor=None, now=None):
+def do_close_health_event(event, *, reason, actor: AbstractBaseUser | None = None,
+                          now: datetime | None = None) -> bool:
     now = now or timezone.now()
     closed = _close(event, reason=reason, actor=actor, now=now)
     if closed:
@@ -88,7 +91,8 @@ class _Run:
 
 
 @transaction.atomic
-def do_record_signals(signals, *, source=Source.PASSIVE, now=None):
+def do_record_signals(signals, *, source=Source.PASSIVE,
+                      now: datetime | None = None) -> list[HealthEvent | None]:
     """Signals, in order, each as one at a time would take it: a repeat counts on the open
     event of its (node, GPU, signature), else opens one; a clear closes the open one. Built
     for a batch of agent events: consecutive repeats of a key are summed, and each kind of
@@ -295,7 +299,8 @@ def _open_runs_one_by_one(runs, source, open_events, now):
 
 
 @transaction.atomic
-def do_acknowledge_event(event, *, actor, request=None, now=None):
+def do_acknowledge_event(event, *, actor: AbstractBaseUser, request: HttpRequest | None = None,
+                         now: datetime | None = None) -> bool:
     """A person knows about it: the event stays open, marked with who and when."""
     now = now or timezone.now()
     done = HealthEvent.objects.filter(
@@ -310,7 +315,8 @@ def do_acknowledge_event(event, *, actor, request=None, now=None):
 
 
 @transaction.atomic
-def do_resolve_event(event, *, actor, comment, request=None, now=None):
+def do_resolve_event(event, *, actor: AbstractBaseUser, comment, request: HttpRequest | None = None,
+                     now: datetime | None = None) -> bool:
     """An operator closes an event by hand, saying why (DESIGN.md: edge signals need it)."""
     now = now or timezone.now()
     closed = do_close_health_event(
@@ -322,7 +328,9 @@ def do_resolve_event(event, *, actor, comment, request=None, now=None):
 
 
 @transaction.atomic
-def do_silence_signature(node, *, signature, hours, reason, actor, request=None, now=None):
+def do_silence_signature(node: Node, *, signature, hours, reason, actor: AbstractBaseUser,
+                         request: HttpRequest | None = None,
+                         now: datetime | None = None) -> Silence:
     """Events of `signature` on `node` stop counting against it for `hours`."""
     now = now or timezone.now()
     silence = Silence.objects.create(

@@ -1,8 +1,10 @@
 """Commands to a node's agent (PROTOCOL.md `command` / `command_result`)."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
+from django.http import HttpRequest
 from django.utils import timezone
 
 from clusters.services import record_audit
@@ -63,8 +65,9 @@ COMMANDS = agent_work.WorkKind(
 
 
 @transaction.atomic
-def do_send_command(node, action, *, params=None, actor=None, deadline_s=None, request=None,
-                    now=None):
+def do_send_command(node: Node, action, *, params=None, actor: AbstractBaseUser | None = None,
+                    deadline_s=None, request: HttpRequest | None = None,
+                    now: datetime | None = None) -> AgentCommand:
     """Ask the node's agent to carry out `action` (AgentCommand.Action). While a command of
     the same action is unfinished on the node, that one is returned and no second one is
     made: a repeated request (a retried repair step, a double click) does not reboot twice.
@@ -90,7 +93,8 @@ def do_send_command(node, action, *, params=None, actor=None, deadline_s=None, r
     return command
 
 
-def do_record_command_result(node, *, command_id, status, message="", now=None):
+def do_record_command_result(node: Node, *, command_id, status, message="",
+                             now: datetime | None = None) -> AgentCommand | None:
     """An agent's command_result. Returns the command, or None when the node has no such
     command. `accepted` moves a command not yet answered to accepted; `ok` and `failed`
     finish an unfinished one. An answer to a finished command changes nothing (a late

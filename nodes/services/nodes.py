@@ -1,12 +1,15 @@
 """Registering a node, its hellos, pausing and resuming it, its role, removing it."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
+from django.http import HttpRequest
 from django.utils import timezone
 
 from clusters.change_feed import Kind, record_change
+from clusters.models import Cluster
 from clusters.services import record_audit
 
 from ..choices import NodeRole
@@ -16,7 +19,8 @@ from ..states import refresh_node_state
 
 
 @transaction.atomic
-def do_register_node(cluster, name, *, hostname="", actor=None, now=None):
+def do_register_node(cluster: Cluster, name: str, *, hostname="",
+                     actor: AbstractBaseUser | None = None, now: datetime | None = None) -> Node:
     now = now or timezone.now()
     node = Node(cluster=cluster, name=name, hostname=hostname or name, joined_at=now,
                 acceptance_required=cluster.acceptance_tests_enabled)
@@ -28,7 +32,8 @@ def do_register_node(cluster, name, *, hostname="", actor=None, now=None):
 
 
 @transaction.atomic(savepoint=False)  # on every hello: no caller goes on after an error
-def do_record_hello(node, *, boot_id, agent_version="", gpus=(), slurm=None, now=None):
+def do_record_hello(node: Node, *, boot_id, agent_version="", gpus=(), slurm=None,
+                    now: datetime | None = None) -> Node:
     """A hello from the node's agent: it is connected; a new boot_id means it rebooted.
     `slurm` is the hello's {"state", "reason"} (None: the node runs no Slurm).
 
@@ -83,7 +88,8 @@ def _add_new_gpus(node, hello):
 
 
 @transaction.atomic
-def do_pause_node(node, *, actor, reason, request=None, now=None):
+def do_pause_node(node: Node, *, actor: AbstractBaseUser | None, reason,
+                  request: HttpRequest | None = None, now: datetime | None = None) -> bool:
     now = now or timezone.now()
     # A person's pause says who; the system's (a repair) says why on its own.
     text = f"paused by {actor.get_username()}: {reason}" if actor is not None else reason
@@ -99,7 +105,8 @@ def do_pause_node(node, *, actor, reason, request=None, now=None):
 
 
 @transaction.atomic
-def do_resume_node(node, *, actor, request=None, now=None):
+def do_resume_node(node: Node, *, actor: AbstractBaseUser, request: HttpRequest | None = None,
+                   now: datetime | None = None) -> bool:
     now = now or timezone.now()
     updated = Node.objects.filter(pk=node.pk, paused=True).update(paused=False, paused_reason="")
     if updated:
@@ -110,7 +117,8 @@ def do_resume_node(node, *, actor, request=None, now=None):
 
 
 @transaction.atomic
-def do_set_node_role(node, role, *, actor, request=None, now=None):
+def do_set_node_role(node: Node, role, *, actor: AbstractBaseUser,
+                     request: HttpRequest | None = None, now: datetime | None = None) -> bool:
     """Make the node a worker, login or controller node: the role picks its startup scripts.
     Returns True when the role changed: then it is audited (before and after) and, once
     committed, the node's agent, if connected, gets its config with the new role's scripts
@@ -135,22 +143,26 @@ def do_set_node_role(node, role, *, actor, request=None, now=None):
 
 
 @transaction.atomic
-def do_bulk_pause_nodes(nodes, *, actor, reason, request=None):
+def do_bulk_pause_nodes(nodes, *, actor: AbstractBaseUser | None, reason,
+                        request: HttpRequest | None = None) -> list[bool]:
     return [do_pause_node(node, actor=actor, reason=reason, request=request) for node in nodes]
 
 
 @transaction.atomic
-def do_bulk_resume_nodes(nodes, *, actor, request=None):
+def do_bulk_resume_nodes(nodes, *, actor: AbstractBaseUser,
+                         request: HttpRequest | None = None) -> list[bool]:
     return [do_resume_node(node, actor=actor, request=request) for node in nodes]
 
 
 @transaction.atomic
-def do_bulk_set_node_role(nodes, role, *, actor, request=None):
+def do_bulk_set_node_role(nodes, role, *, actor: AbstractBaseUser,
+                          request: HttpRequest | None = None) -> list[bool]:
     return [do_set_node_role(node, role, actor=actor, request=request) for node in nodes]
 
 
 @transaction.atomic
-def do_remove_node(node, *, actor, reason, request=None, now=None):
+def do_remove_node(node: Node, *, actor: AbstractBaseUser, reason,
+                   request: HttpRequest | None = None, now: datetime | None = None) -> bool:
     """Remove the node from the console: its tokens stop working, its live connection is
     closed (4401), and the node and its history go; the audit trail keeps the record. Refused
     (returns False) while a repair of the node is running: abort it first."""

@@ -1,6 +1,10 @@
 """Opening a node, or its whole cluster, to re-join (PROTOCOL.md)."""
 
+from datetime import datetime
+
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
+from django.http import HttpRequest
 from django.utils import timezone
 
 from clusters.models import Cluster
@@ -31,7 +35,8 @@ def rejoin_opening(node, now):
 
 
 @transaction.atomic
-def do_open_rejoin(node, *, by, until, actor=None, request=None, now=None):
+def do_open_rejoin(node: Node, *, by, until, actor: AbstractBaseUser | None = None,
+                   request: HttpRequest | None = None, now: datetime | None = None) -> None:
     """Open the node to re-join until `until`; `by` says who (a user name, "repair #12")."""
     now = now or timezone.now()
     Node.objects.filter(pk=node.pk).update(rejoin_open_until=until, rejoin_opened_by=by)
@@ -43,7 +48,8 @@ def do_open_rejoin(node, *, by, until, actor=None, request=None, now=None):
 
 
 @transaction.atomic
-def do_close_rejoin(node, *, actor=None, opened_by=None, reason, request=None, now=None):
+def do_close_rejoin(node: Node, *, actor: AbstractBaseUser | None = None, opened_by=None, reason,
+                    request: HttpRequest | None = None, now: datetime | None = None) -> bool:
     """Close the node to re-join (only when `opened_by` opened it, if given). True if it was
     open."""
     now = now or timezone.now()
@@ -60,7 +66,8 @@ def do_close_rejoin(node, *, actor=None, opened_by=None, reason, request=None, n
 
 
 @transaction.atomic
-def do_open_cluster_rejoin(cluster, *, actor, until, request=None, now=None):
+def do_open_cluster_rejoin(cluster: Cluster, *, actor: AbstractBaseUser, until,
+                           request: HttpRequest | None = None, now: datetime | None = None) -> None:
     """Open every node of the cluster to re-join until `until` (a migration)."""
     Cluster.objects.filter(pk=cluster.pk).update(
         rejoin_open_until=until, rejoin_opened_by=actor.get_username())
@@ -69,7 +76,9 @@ def do_open_cluster_rejoin(cluster, *, actor, until, request=None, now=None):
 
 
 @transaction.atomic
-def do_close_cluster_rejoin(cluster, *, actor, request=None, now=None):
+def do_close_cluster_rejoin(cluster: Cluster, *, actor: AbstractBaseUser,
+                            request: HttpRequest | None = None,
+                            now: datetime | None = None) -> bool:
     if not Cluster.objects.filter(pk=cluster.pk, rejoin_open_until__isnull=False).update(
             rejoin_open_until=None, rejoin_opened_by=""):
         return False

@@ -3,16 +3,19 @@ once, stored as a SHA-256 hash."""
 
 import hashlib
 import secrets
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
+from django.http import HttpRequest
 from django.utils import timezone
 
 from clusters.change_feed import Kind, record_change
+from clusters.models import Cluster
 from clusters.services import record_audit
 
-from ..models import AgentToken
+from ..models import AgentToken, Node
 
 
 # Agent tokens (PROTOCOL.md "Connecting"): random, shown once, stored as a SHA-256 hash.
@@ -33,8 +36,10 @@ def _new_token(kind, cluster, **fields):
 
 
 @transaction.atomic
-def do_issue_join_token(cluster, *, actor=None, expires_at=None, single_use=False,
-                        for_node=None, note="", request=None, now=None):
+def do_issue_join_token(cluster: Cluster, *, actor: AbstractBaseUser | None = None, expires_at=None,
+                        single_use=False, for_node=None, note="",
+                        request: HttpRequest | None = None,
+                        now: datetime | None = None) -> tuple[AgentToken, str]:
     """A new join token for the cluster. Returns (token, plaintext); the plaintext is shown once.
     It expires after CLUSTERUI_JOIN_TOKEN_HOURS unless `expires_at` says otherwise; a
     single-use one stops at its first join; one `for_node` re-joins only that node."""
@@ -50,7 +55,8 @@ def do_issue_join_token(cluster, *, actor=None, expires_at=None, single_use=Fals
 
 
 @transaction.atomic
-def do_revoke_agent_token(token, *, actor=None, request=None, now=None):
+def do_revoke_agent_token(token, *, actor: AbstractBaseUser | None = None,
+                          request: HttpRequest | None = None, now: datetime | None = None) -> bool:
     """Revoke a token; a live connection that uses it is closed (4401) through the change
     feed."""
     revoked = AgentToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
@@ -66,7 +72,7 @@ def do_revoke_agent_token(token, *, actor=None, request=None, now=None):
 
 
 @transaction.atomic
-def do_issue_node_token(node, *, now=None):
+def do_issue_node_token(node: Node, *, now: datetime | None = None) -> tuple[AgentToken, str]:
     """A fresh node token; the node's earlier tokens stop working (a re-joined node).
     Returns (token, plaintext)."""
     AgentToken.objects.filter(node=node, revoked_at__isnull=True).update(

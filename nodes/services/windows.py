@@ -1,16 +1,23 @@
 """Maintenance windows: making, changing and ending them."""
 
+from datetime import datetime
+
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
+from django.http import HttpRequest
 from django.utils import timezone
 
+from clusters.models import Cluster
 from clusters.services import actor_name, record_audit
 
 from ..models import MaintenanceWindow
 
 
 @transaction.atomic
-def do_create_maintenance_window(cluster, *, reason, starts_at, ends_at=None, cron="",
-                                 duration_minutes=None, nodes=(), actor, request=None, now=None):
+def do_create_maintenance_window(cluster: Cluster, *, reason, starts_at, ends_at=None, cron="",
+                                 duration_minutes=None, nodes=(), actor: AbstractBaseUser,
+                                 request: HttpRequest | None = None,
+                                 now: datetime | None = None) -> MaintenanceWindow:
     """A maintenance window over `nodes` of the cluster (none: the whole cluster)."""
     now = now or timezone.now()
     window = MaintenanceWindow.objects.create(
@@ -24,7 +31,9 @@ def do_create_maintenance_window(cluster, *, reason, starts_at, ends_at=None, cr
 
 
 @transaction.atomic
-def do_update_maintenance_window(window, *, reason, ends_at, actor, request=None, now=None):
+def do_update_maintenance_window(window, *, reason, ends_at, actor: AbstractBaseUser,
+                                 request: HttpRequest | None = None,
+                                 now: datetime | None = None) -> list[str]:
     """Change a window's reason or its end. Returns the fields changed."""
     now = now or timezone.now()
     window = MaintenanceWindow.objects.select_for_update().get(pk=window.pk)
@@ -40,7 +49,9 @@ def do_update_maintenance_window(window, *, reason, ends_at, actor, request=None
 
 
 @transaction.atomic
-def do_end_maintenance_window(window, *, actor, request=None, now=None):
+def do_end_maintenance_window(window, *, actor: AbstractBaseUser,
+                              request: HttpRequest | None = None,
+                              now: datetime | None = None) -> bool:
     """End a window now (its current occurrence and any to come)."""
     now = now or timezone.now()
     ended = MaintenanceWindow.objects.filter(pk=window.pk, ended_at__isnull=True).update(
