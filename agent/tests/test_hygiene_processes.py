@@ -117,6 +117,8 @@ def start_orphan(started, user, python, ignore_term=False, job_id=ENDED_JOB):
     pid = int(line)
     entry = read_process(pid)
     started.detached.append(entry)
+    # It prints its pid before it sleeps: on a busy machine it may still be running (R).
+    wait_for(lambda: read_process(pid)["state"] == "S")
     parent = read_process(entry["ppid"])
     if entry["ppid"] != 1 and (parent is None or parent["name"] != "systemd"):
         pytest.skip(f"an orphan here goes to pid {entry['ppid']} (a subreaper), not to init")
