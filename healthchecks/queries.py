@@ -4,8 +4,12 @@ per signature, each node's worst open signal, a page of check runs."""
 from django.core.paginator import Paginator
 from django.db.models import Case, Count, Max, Value, When
 
+from common.durations import duration_text
+from nodes.models import NodeRollup
+
 from .choices import Severity
 from .models import HealthEvent
+from .signatures import HELD, info_for
 
 
 def open_events_by_signature(cluster):
@@ -35,6 +39,33 @@ def worst_open_signals(cluster, node_ids=None):
             text = signature if gpu_index is None else f"{signature} on GPU {gpu_index}"
             worst[node_id] = (rank, text)
     return {node_id: text for node_id, (rank, text) in worst.items()}
+
+
+PEAK_UNITS = {"temp_c": "°C", "power_w": "W"}
+
+
+def held_signal_text(event, now):
+    """For a held signal (throttling, a Slurm drain, ECC rising): how long it has been held,
+    and its peak where the catalog names a metric ("held 16 min, up to 88 °C"), from the
+    reading at its opening and the node's per-minute rollups of that GPU. "" for an edge signal or a notice."""
+    info = info_for(event.signature)
+    if info is None or info.kind != HELD:
+        return ""
+    end = event.closed_at or now
+    text = f"held {duration_text((end - event.first_seen).total_seconds())}"
+    if not info.peak or event.gpu is None:
+        return text
+    at_opening = (event.evidence or {}).get(info.peak)
+    peak = at_opening if isinstance(at_opening, (int, float)) else None
+    for gpus in NodeRollup.objects.filter(
+            node_id=event.node_id, minute__gte=event.first_seen.replace(second=0, microsecond=0),
+            minute__lte=end).values_list("gpus", flat=True):
+        mean_max = (gpus.get(event.gpu.uuid) or {}).get(info.peak)
+        if mean_max and mean_max[1] is not None:
+            peak = mean_max[1] if peak is None else max(peak, mean_max[1])
+    if peak is None:
+        return text
+    return f"{text}, up to {peak:.0f} {PEAK_UNITS[info.peak]}"
 
 
 RUNS_PAGE_SIZE = 50

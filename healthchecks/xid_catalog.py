@@ -1,15 +1,10 @@
 """NVIDIA's Xid catalog, loaded as data (healthchecks/data/xid_catalog.tsv), and DESIGN.md's
-table that turns an Xid's immediate-action bucket into severity and a default repair:
+table that turns an Xid's immediate-action bucket into severity and a ladder of repairs,
+loaded as data too (healthchecks/data/xid_buckets.tsv: one row per bucket, with NVIDIA's
+action in plain words and why the first rung of the ladder fixes it).
 
-    IGNORE, RESTART_APP, CHECK_APP/CUDA, INVESTIGATE_SW*, informational or sympathetic,
-    XID_154_EVAL                                  info      node stays healthy   no repair
-    RESET_GPU, RESTART_BM, RESTART_VM, XID_154,
-    WORKFLOW_*                                    critical  unhealthy            reboot
-    UPDATE_SWFW                                   critical  unhealthy            reprovision
-    CONTACT_SUPPORT, CHECK_MECHANICALS            critical  unhealthy            remove (RMA),
-                                                  only for codes that apply to the GPU's model
-    blank                                         warning   unhealthy            none: "no NVIDIA
-                                                                                  guidance"
+CONTACT_SUPPORT and CHECK_MECHANICALS ask for a removal only for codes that the catalog
+says apply to the GPU's model; elsewhere they are a warning without a repair.
 """
 
 import csv
@@ -21,7 +16,9 @@ DATA = Path(__file__).resolve().parent / "data"
 BLANK_BUCKET = "(blank in catalog)"
 
 INFO, WARNING, CRITICAL = "info", "warning", "critical"
-REBOOT, REPROVISION, REMOVE = "reboot", "reprovision", "remove"
+REBOOT, REMOVE = "reboot", "remove"
+# Buckets that blame the hardware: they count against a GPU only of a model they apply to.
+HARDWARE_BUCKETS = ("CONTACT_SUPPORT", "CHECK_MECHANICALS")
 
 # The catalog's GPU-generation columns, and the model names each covers.
 GENERATIONS = {
@@ -51,10 +48,29 @@ class XidEntry:
 
 
 @dataclass(frozen=True)
+class BucketRule:
+    """One row of xid_buckets.tsv."""
+
+    bucket: str
+    severity: str
+    ladder: tuple  # repair actions, cheapest first; () for none
+    nvidia_says: str  # NVIDIA's action in plain words
+    why: str  # why the first rung fixes it (or why there is none)
+    lighter: str  # why nothing lighter is enough
+
+
+@dataclass(frozen=True)
 class XidPolicy:
     severity: str
-    recommendation: str | None  # reboot, reprovision, remove, or None
-    explanation: str
+    ladder: tuple
+    nvidia: str  # "NVIDIA: restart the machine (RESTART_BM)"
+    why: str
+    lighter: str = ""
+
+    @property
+    def recommendation(self):
+        """The ladder's first rung: the lightest repair that can fix it; None for none."""
+        return self.ladder[0] if self.ladder else None
 
 
 @cache
@@ -111,25 +127,67 @@ def xid_code(signature):
     return None
 
 
+@cache
+def bucket_rules():
+    """{bucket: BucketRule}; "" is the blank bucket, "*" any bucket without a row."""
+    with open(DATA / "xid_buckets.tsv", newline="") as f:
+        return {row["bucket"]: BucketRule(row["bucket"], row["severity"],
+                                          tuple(row["ladder"].split()), row["nvidia_says"],
+                                          row["why"], row["lighter"])
+                for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)}
+
+
+def rule_for(bucket):
+    rules = bucket_rules()
+    return rules.get(bucket, rules["*"])
+
+
 def policy_for(code, gpu_model=""):
-    """Severity and default recommendation for Xid `code` on a GPU of `gpu_model`."""
+    """Severity, ladder and why for Xid `code` on a GPU of `gpu_model`."""
     entry = catalog().get(code)
     if entry is None:
-        return XidPolicy(WARNING, None, f"Xid {code} is not in NVIDIA's catalog")
-    bucket = entry.bucket
-    if not bucket:
-        return XidPolicy(WARNING, None, "no NVIDIA guidance")
-    if bucket in ("RESET_GPU", "RESTART_BM", "RESTART_VM", "XID_154") or bucket.startswith(
-            "WORKFLOW_"):
-        return XidPolicy(CRITICAL, REBOOT, entry.guidance)
-    if bucket == "UPDATE_SWFW":
-        return XidPolicy(CRITICAL, REPROVISION, entry.guidance)
-    if bucket in ("CONTACT_SUPPORT", "CHECK_MECHANICALS"):
-        if applies_to(entry, gpu_model):
-            return XidPolicy(CRITICAL, REMOVE, entry.guidance)
-        return XidPolicy(WARNING, None,
-                         f"NVIDIA's catalog says Xid {code} does not apply to {gpu_model}")
-    # IGNORE, RESTART_APP, CHECK_APP/CUDA, INVESTIGATE_SW*, informational or sympathetic
-    # ones, XID_154_EVAL, and CHECK_UVM (RESET_GPU only under UVM/vGPU, which nodes here
-    # do not run): the application's problem.
-    return XidPolicy(INFO, None, entry.guidance)
+        return XidPolicy(WARNING, (), "NVIDIA: not in the catalog",
+                         f"No repair by default: Xid {code} is not in NVIDIA's catalog; an "
+                         f"operator decides.")
+    rule = rule_for(entry.bucket)
+    nvidia = f"NVIDIA: {rule.nvidia_says} ({entry.bucket or 'no bucket'})"
+    if entry.bucket in HARDWARE_BUCKETS and not applies_to(entry, gpu_model):
+        return XidPolicy(WARNING, (), nvidia,
+                         f"No repair: NVIDIA's catalog says Xid {code} does not apply to "
+                         f"{gpu_model}, so it is not held against the GPU.")
+    return XidPolicy(rule.severity, rule.ladder, nvidia, rule.why, rule.lighter)
+
+
+GPUD_ACTIONS = {"REBOOT_SYSTEM": REBOOT, "HARDWARE_INSPECTION": REMOVE,
+                "CHECK_USER_APP_AND_GPU": None, "IGNORE_NO_ACTION_REQUIRED": None}
+GPUD_WORDS = {"REBOOT_SYSTEM": "a reboot", "HARDWARE_INSPECTION": "a hardware inspection",
+              "CHECK_USER_APP_AND_GPU": "checking the application and the GPU",
+              "IGNORE_NO_ACTION_REQUIRED": "no action"}
+
+
+def gpud_differs(entry, policy):
+    """gpud's view in words where it suggests something else than our first rung, else ""
+    (also when gpud has no view of the code)."""
+    if not entry.gpud_actions:
+        return ""
+    if policy.recommendation in {GPUD_ACTIONS.get(action) for action in entry.gpud_actions}:
+        return ""
+    words = " or ".join(GPUD_WORDS.get(action, action) for action in entry.gpud_actions)
+    return f"gpud differs: it suggests {words}."
+
+
+def applies_text(entry):
+    """The GPU generations the catalog says the code applies to, in words."""
+    names = [column.removeprefix("applies_") for column, yes in entry.applies.items() if yes]
+    return f"for {', '.join(names)}-class GPUs" if names else "for none of the listed GPU classes"
+
+
+def why_sentence(code, gpu_model=""):
+    """What an operator reads on a card and the policy page: NVIDIA's action in words, the
+    GPUs it applies to, why our first rung, and gpud's view where it differs."""
+    entry = catalog().get(code)
+    policy = policy_for(code, gpu_model)
+    if entry is None:
+        return policy.why
+    parts = [f"{policy.nvidia}, {applies_text(entry)}.", policy.why, gpud_differs(entry, policy)]
+    return " ".join(part for part in parts if part)

@@ -4,6 +4,7 @@ from django.db import models
 class Action(models.TextChoices):
     """DESIGN.md's repair actions, cheapest first (reset_gpu is not built yet)."""
 
+    CLEANUP = "cleanup", "clean up"
     RECONFIGURE = "reconfigure", "reconfigure"
     REBOOT = "reboot", "reboot"
     REPROVISION = "reprovision", "reprovision"
@@ -11,11 +12,13 @@ class Action(models.TextChoices):
     REMOVE = "remove", "remove"
 
 
-ACTIONS_BY_COST = [Action.RECONFIGURE, Action.REBOOT, Action.REPROVISION, Action.FAILOVER, Action.REMOVE]
+ACTIONS_BY_COST = [Action.CLEANUP, Action.RECONFIGURE, Action.REBOOT, Action.REPROVISION, Action.FAILOVER, Action.REMOVE]
 
 ACTION_EXPLANATIONS = {
+    Action.CLEANUP: "the agent ends what ended jobs left running and reaps zombies; the node "
+                    "stays in service and running jobs go on",
     Action.RECONFIGURE: "Slurm's GPU view rebuilt from the hardware (the node's gres.conf and "
-                        "the controller's); running jobs go on",
+                        "the controller's); the node stays in service and running jobs go on",
     Action.REBOOT: "reboot in place; local data is kept",
     Action.REPROVISION: "a clean OS image; local data is cleared",
     Action.FAILOVER: "the workload moves to a fresh node; local data is cleared",
@@ -28,14 +31,15 @@ def cost(action):
 
 
 # The actions the node's agent carries out (a command); the others are the provider's.
-AGENT_ACTIONS = (Action.RECONFIGURE, Action.REBOOT)
+AGENT_ACTIONS = (Action.CLEANUP, Action.RECONFIGURE, Action.REBOOT)
+# The actions that leave the node in service: no drain, no pause, no blast-radius count and
+# no cooldown after them, so the next rung of a ladder can follow at once.
+IN_SERVICE_ACTIONS = (Action.CLEANUP, Action.RECONFIGURE)
 # The actions only some signatures call for.
-ACTION_SIGNATURES = {Action.RECONFIGURE: ("gres_drift",)}
-
-
-def one_step_costlier(action):
-    """reconfigure -> reboot -> reprovision -> failover -> remove (remove stays remove)."""
-    return ACTIONS_BY_COST[min(cost(action) + 1, len(ACTIONS_BY_COST) - 1)]
+ACTION_SIGNATURES = {
+    Action.CLEANUP: ("zombie_processes", "pid_pressure", "job_leftovers"),
+    Action.RECONFIGURE: ("gres_drift",),
+}
 
 
 class Status(models.TextChoices):
@@ -83,6 +87,8 @@ class StepKind(models.TextChoices):
 
 # The steps of each action, in order.
 STEPS = {
+    # The agent ends the leftovers; verify sees the signal that called for it close.
+    Action.CLEANUP: [StepKind.ACT, StepKind.VERIFY],
     # slurmd restarts in place: nothing to drain, no boot to wait for; verify sees Slurm's
     # view match the hardware again.
     Action.RECONFIGURE: [StepKind.ACT, StepKind.VERIFY],

@@ -1,4 +1,5 @@
 import re
+from datetime import timedelta
 
 from django import forms
 
@@ -9,9 +10,22 @@ from .models import RepairSettings
 
 
 class CommentForm(forms.Form):
-    """Approve, reject or cancel: the comment is optional."""
+    """Approve, reject or cancel: the comment is optional. Rejecting or cancelling also says
+    how long no new recommendation comes for the same events (repairs.rejections)."""
 
-    comment = forms.CharField(max_length=500, required=False)
+    SNOOZES = {"events": None, "1h": timedelta(hours=1), "24h": timedelta(hours=24),
+               "7d": timedelta(days=7)}
+    SNOOZE_CHOICES = [("events", "until these events close"), ("1h", "for 1 h"),
+                      ("24h", "for 24 h"), ("7d", "for 7 days")]
+
+    comment = forms.CharField(max_length=500, required=False, error_messages={
+        "max_length": "The comment is too long: 500 characters at most."})
+    snooze = forms.ChoiceField(choices=SNOOZE_CHOICES, required=False)
+
+    def snooze_for(self):
+        """The chosen snooze for do_reject_repair / do_cancel_repair: None until the events
+        close."""
+        return self.SNOOZES[self.cleaned_data.get("snooze") or "events"]
 
 
 class AbortRepairForm(forms.Form):

@@ -98,6 +98,16 @@ class Repair(models.Model):
     outcome = models.TextField(blank=True, help_text="how it ended: success, or the failure")
     superseded_by = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL,
                                       related_name="+")
+    follows = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="the repair this one comes after: a lighter rung that did not fix it, or a "
+                  "rejected or cancelled one that something new broke through")
+    follows_why = models.CharField(max_length=500, blank=True,
+                                   help_text="what is new since `follows`, in words")
+    snooze_until = models.DateTimeField(
+        null=True, blank=True,
+        help_text="rejected or cancelled: no new recommendation for its events until then "
+                  "(empty: until they close), unless something new or costlier comes")
 
     objects = RepairQuerySet.as_manager()
 

@@ -1,31 +1,25 @@
-"""Which repair a failure calls for: the cluster's policy rows, else the defaults below,
-then escalation by the node's history (DESIGN.md "Repairs").
+"""Which repair a failure calls for (DESIGN.md "Repairs"): the lightest rung of the
+signature's ladder, climbed by the node's history, each choice with why in words.
 
-Defaults:
-    xid:<code>              NVIDIA's catalog, through healthchecks.xid_catalog.policy_for
-                            (reboot, reprovision, remove for the GPU's model, or none)
-    gpu_lost, slurm_drain   reboot (DESIGN.md)
-    thermal_throttle, hw_slowdown, power_brake
-                            failover, once the event has persisted (THROTTLE_PERSISTS)
-    ecc_dbe, row_remap_pending, gpu_recovery_action, slow_gpu, check:<name>
-                            reboot: a GPU reset (here, a reboot) is what clears them
-    row_remap_failure       remove: the memory can no longer be repaired in place
-    slurmd_down, slurmd_flapping, job_leftovers
-                            reboot: slurmd keeps dying, or a process holds GPU memory that
-                            ending it did not free (the next job would start on a dirty GPU)
-    gres_drift              reconfigure (then reboot, by escalation)
-    zombie_processes, pid_pressure
-                            none: the node page's clean-up is the operator's tool
-    anything else           none (heartbeat_lost among them: an agent that does not answer
-                            cannot reboot its node; an operator decides)
+Ladders, cheapest first, come from data: healthchecks/data/signatures.tsv for each
+signature, healthchecks/data/xid_buckets.tsv for an Xid by NVIDIA's action bucket (for the
+GPU's model). A cluster's policy row for a signature sets the first rung; the default
+ladder's costlier rungs follow it. Throttling calls for its repair only once it has lasted
+THROTTLE_PERSISTS.
+
+A ladder climbs within its own list: when a repair of the same signature on the node ran
+within ESCALATION_WINDOW and the signal is still there (still open, or back), the next rung
+is chosen, and the choice names the repair it follows.
 """
 
 from dataclasses import dataclass
 from datetime import timedelta
 
-from healthchecks.xid_catalog import policy_for, xid_code
+from common.durations import duration_text
+from healthchecks.signatures import info_for
+from healthchecks.xid_catalog import policy_for, why_sentence, xid_code
 
-from .choices import Action, cost, one_step_costlier
+from .choices import ACTION_EXPLANATIONS, IN_SERVICE_ACTIONS, cost
 from .models import Repair
 
 THROTTLE_SIGNATURES = ("thermal_throttle", "hw_slowdown", "power_brake")
@@ -33,75 +27,96 @@ THROTTLE_PERSISTS = timedelta(minutes=15)
 ESCALATION_WINDOW = timedelta(days=7)
 COOLDOWN = timedelta(minutes=30)
 
-DEFAULT_ACTIONS = {
-    "gpu_lost": Action.REBOOT,
-    "slurm_drain": Action.REBOOT,
-    "ecc_dbe": Action.REBOOT,
-    "row_remap_pending": Action.REBOOT,
-    "gpu_recovery_action": Action.REBOOT,
-    "slow_gpu": Action.REBOOT,
-    "row_remap_failure": Action.REMOVE,
-    "slurmd_down": Action.REBOOT,
-    "slurmd_flapping": Action.REBOOT,
-    "job_leftovers": Action.REBOOT,
-    "gres_drift": Action.RECONFIGURE,
-    **{signature: Action.FAILOVER for signature in THROTTLE_SIGNATURES},
-}
+
+@dataclass(frozen=True)
+class Ladder:
+    actions: tuple  # cheapest first; () for no repair
+    why: str  # why the first rung fixes it, or why there is no repair
+    lighter: str = ""  # why nothing lighter than the first rung is enough
 
 
 @dataclass(frozen=True)
 class Choice:
     action: str
     why: str
+    ladder: tuple = ()
+    follows: Repair | None = None  # the lighter repair that did not fix it
+    follows_why: str = ""  # what became of that one, in words
 
 
-def default_action(event):
-    """(action or None, why) by the defaults above."""
-    kind, _, code = event.signature.partition(":")
-    if xid_code(event.signature) is not None:
-        model = event.gpu.name if event.gpu is not None else ""
-        xid = policy_for(int(code), model)
-        return xid.recommendation, f"NVIDIA's catalog for Xid {code}: {xid.explanation}"
-    if kind == "check":
-        return Action.REBOOT, f"the {code} check failed"
-    action = DEFAULT_ACTIONS.get(event.signature)
-    return action, f"the default for {event.signature}" if action else "no default repair"
+def default_ladder(signature, gpu_model=""):
+    """The Ladder of the catalogs for a signature (an Xid's for the GPU's model)."""
+    code = xid_code(signature)
+    if code is not None:
+        policy = policy_for(code, gpu_model)
+        return Ladder(policy.ladder, why_sentence(code, gpu_model), policy.lighter)
+    info = info_for(signature)
+    if info is None:
+        return Ladder((), f"No repair by default: {signature} is not in clusterui's signature "
+                          f"catalog; an operator decides.")
+    name = signature.partition(":")[2]
+    return Ladder(info.ladder, info.why.format(name=name), info.lighter)
+
+
+def ladder_for(signature, gpu_model, row):
+    """The Ladder for a signature on a cluster: row is the cluster's RepairPolicy for it, or
+    None for the default."""
+    default = default_ladder(signature, gpu_model)
+    if row is None:
+        return default
+    who = row.updated_by.get_username() if row.updated_by_id else "an admin"
+    if not row.action:
+        return Ladder((), f"No repair: this cluster's policy turns repairs of {signature} off "
+                          f"(set by {who}).")
+    costlier = tuple(action for action in default.actions if cost(action) > cost(row.action))
+    why = (f"This cluster's policy starts {signature} at {row.action} (set by {who}): "
+           f"{ACTION_EXPLANATIONS[row.action]}.")
+    return Ladder((row.action, *costlier), why)
 
 
 def choose_action(event, policies, now):
     """The Choice for one open event, or None. policies: {signature: RepairPolicy} of the
     node's cluster."""
-    row = policies.get(event.signature)
-    if row is not None:
-        if not row.action:
-            return None
-        action, why = row.action, f"the cluster's policy for {event.signature}"
-    else:
-        action, why = default_action(event)
-        if action is None:
-            return None
+    model = event.gpu.name if event.gpu is not None else ""
+    ladder = ladder_for(event.signature, model, policies.get(event.signature))
+    if not ladder.actions:
+        return None
     if event.signature in THROTTLE_SIGNATURES and now - event.first_seen < THROTTLE_PERSISTS:
         return None  # throttling calls for a repair only once it persists
-    return Choice(action, why)
+    return Choice(ladder.actions[0], ladder.why, ladder.actions)
 
 
-def escalate(node, signature, choice, now):
-    """One step costlier than the last repair of the same signature on this node, when that
-    repair ran within the last 7 days."""
-    last = (Repair.objects.filter(node=node, signature=signature, finished_at__isnull=False,
-                                  started_at__isnull=False,
+def next_rung(ladder, after):
+    """The ladder's first rung costlier than `after`; the top rung stays the top."""
+    return next((action for action in ladder if cost(action) > cost(after)), ladder[-1])
+
+
+def escalate(node, event, choice, now):
+    """The next rung of the ladder when a repair of the same signature on this node ran
+    within ESCALATION_WINDOW and the signal is still there or came back."""
+    last = (Repair.objects.filter(node=node, signature=event.signature,
+                                  finished_at__isnull=False, started_at__isnull=False,
                                   finished_at__gte=now - ESCALATION_WINDOW)
             .order_by("-finished_at").first())
     if last is None:
         return choice
-    stronger = one_step_costlier(last.action)
+    stronger = next_rung(choice.ladder, last.action)
     if cost(stronger) <= cost(choice.action):
         return choice
-    return Choice(stronger, f"{choice.why}; escalated: {signature} again within 7 days of "
-                            f"repair #{last.pk} ({last.action})")
+    if event.first_seen <= last.finished_at:
+        what = f"{event.signature} is still open after repair #{last.pk} ({last.action}, " \
+               f"{last.get_status_display()})"
+    else:
+        what = f"{event.signature} came back {duration_text((event.first_seen - last.finished_at).total_seconds())} " \
+               f"after repair #{last.pk} ({last.action})"
+    return Choice(stronger, f"{what}: the next rung is {stronger}, "
+                            f"{ACTION_EXPLANATIONS[stronger]}.",
+                  choice.ladder, follows=last, follows_why=what)
 
 
 def in_cooldown(node, now):
-    """A repair of this node ended less than 30 minutes ago."""
-    return Repair.objects.filter(node=node, started_at__isnull=False,
-                                 finished_at__gte=now - COOLDOWN).exists()
+    """A repair that took the node out of service ended less than COOLDOWN ago (a clean-up
+    or a reconfigure does not count: the next rung may follow it at once)."""
+    return (Repair.objects.filter(node=node, started_at__isnull=False,
+                                  finished_at__gte=now - COOLDOWN)
+            .exclude(action__in=IN_SERVICE_ACTIONS).exists())

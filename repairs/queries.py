@@ -9,15 +9,21 @@ from django.db.models import F, Prefetch, Window
 from django.db.models.functions import RowNumber
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
+from django.utils import timezone
 
 from clusters.queries import get_cluster_for_user
-from healthchecks.xid_catalog import catalog
+from common.durations import duration_text
+from healthchecks.check_catalog import CHECKS
+from healthchecks.signatures import SIGNATURES
+from healthchecks.xid_catalog import catalog, policy_for
 from healthchecks.models import HealthEvent
 from schedulers import ExecutorError, NoScheduler, scheduler_for
 
 from .choices import ACTION_EXPLANATIONS, FINISHED_STATUSES, Status
-from .forms import ProposeRepairForm
-from .models import Repair
+from .forms import CommentForm, ProposeRepairForm
+from .models import Repair, RepairPolicy
+from .policy import Ladder, default_ladder
+from .rejections import rejections_in_force
 
 NODE_HISTORY_LIMIT = 5  # a recommendation shows this many of its node's earlier repairs
 NODE_PAGE_HISTORY_LIMIT = 20
@@ -33,7 +39,7 @@ def with_card_data(repairs):
     """What a repair's block shows, fetched with it: a fixed number of queries for any
     number of repairs."""
     return repairs.select_related(
-        "cluster", "node", "gpu", "requested_by", "reviewed_by",
+        "cluster", "node", "gpu", "requested_by", "reviewed_by", "follows__cluster",
     ).prefetch_related(
         Prefetch("events", queryset=HealthEvent.objects.select_related("gpu").order_by(
             "-last_seen", "-id")),
@@ -54,16 +60,7 @@ class JobsAtRisk:
 
     @property
     def rows(self):
-        return [(job, run_time_text(job.run_time_s)) for job in self.jobs]
-
-
-def run_time_text(seconds):
-    if seconds is None:
-        return "–"
-    if seconds < 60:
-        return f"{seconds} s"
-    hours, minutes = divmod(seconds // 60, 60)
-    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min"
+        return [(job, duration_text(job.run_time_s)) for job in self.jobs]
 
 
 @dataclass(frozen=True)
@@ -75,6 +72,10 @@ class RepairCard:
     @property
     def action_explanation(self):
         return ACTION_EXPLANATIONS[self.repair.action]
+
+    @property
+    def snooze_choices(self):
+        return CommentForm.SNOOZE_CHOICES
 
 
 def jobs_at_risk(cluster, nodes):
@@ -139,12 +140,39 @@ def finished_repairs(cluster):
             .order_by(F("finished_at").desc(nulls_last=True), "-requested_at", "-id"))
 
 
-def node_repairs_context(node):
+def node_repairs_context(node, now=None):
     """The context of templates/repairs/_node_repairs.html (node page: nodes.views)."""
     open_repair = with_card_data(node.repairs.open()).first()
     card = None if open_repair is None else RepairCard(open_repair, proposed_jobs(open_repair))
+    held_back_by = [] if open_repair else rejections_in_force(node, now or timezone.now())
     history = (node.repairs.filter(status__in=FINISHED_STATUSES)
                .select_related("cluster", "requested_by", "reviewed_by")
                [:NODE_PAGE_HISTORY_LIMIT])
-    return {"node_repair": card, "node_repair_history": history,
+    return {"node_repair": card, "node_repair_history": history, "held_back_by": held_back_by,
             "propose_form": ProposeRepairForm(), "xids": catalog()}
+
+
+# The Repair settings page's policy table.
+
+
+@dataclass(frozen=True)
+class PolicyRow:
+    signature: str
+    default: Ladder
+    override: RepairPolicy | None
+
+
+def policy_rows(cluster):
+    """The policy table: every signature of the catalog with a default ladder, the checks,
+    the Xids with one for the cluster's GPU type, then the other signatures the cluster has
+    a row for; each with its default ladder and why, so an admin sees what a row
+    overrides."""
+    overrides = {p.signature: p for p in cluster.repair_policies.select_related("updated_by")}
+    signatures = [*(name for name, info in SIGNATURES.items() if info.ladder),
+                  *(f"check:{name}" for name in CHECKS),
+                  *(f"xid:{code}" for code in sorted(catalog())
+                    if policy_for(code, cluster.gpu_type).recommendation)]
+    signatures += sorted(set(overrides) - set(signatures))
+    return [PolicyRow(signature, default_ladder(signature, cluster.gpu_type),
+                      overrides.get(signature))
+            for signature in signatures if "<" not in signature]

@@ -3,6 +3,7 @@ Status moves go through repairs.transitions.transition(); running is repairs.ste
 
 import logging
 import math
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from celery import current_app
@@ -16,6 +17,7 @@ from django.utils import timezone
 from clusters.change_feed import Kind, read_changes
 from clusters.models import Cluster
 from clusters.services import record_audit
+from common.durations import duration_text
 from healthchecks.choices import NODE_AFFECTING
 from healthchecks.models import HealthEvent
 from healthchecks.services import open_problem_events, open_problem_events_of
@@ -23,10 +25,12 @@ from nodes import maintenance
 from nodes.choices import NodeState
 from nodes.models import Node
 
-from .choices import AGENT_ACTIONS, STEPS, Status, StepKind, StepStatus, cost
+from .choices import (AGENT_ACTIONS, IN_SERVICE_ACTIONS, STEPS, Status, StepKind, StepStatus,
+                      cost)
 from .announcements import announce_repair_change
 from .models import Repair, RepairPolicy, RepairSettings, RepairStep
-from .policy import choose_action, escalate, in_cooldown
+from .policy import Choice, choose_action, escalate, in_cooldown
+from .rejections import holds_back, rejections_in_force, what_is_new
 from .transitions import Conflict, transition
 
 logger = logging.getLogger(__name__)
@@ -49,30 +53,48 @@ def settings_for(cluster):
     return settings
 
 
+@dataclass(frozen=True)
+class Recommendation:
+    choice: Choice  # the costliest of the node's open problems
+    event: HealthEvent  # the event it answers
+    events: list  # the node's open problems
+    driving: list  # those of them that call for a repair
+
+
 def recommendation_for(node, now):
-    """(action, reason, signature, gpu, events) for the node's open problems, the costliest
-    first; None when none calls for a repair."""
-    policies = {p.signature: p for p in RepairPolicy.objects.filter(cluster=node.cluster)}
+    """The Recommendation for the node's open problems, the costliest first; None when none
+    calls for a repair."""
+    policies = {p.signature: p for p in
+                RepairPolicy.objects.filter(cluster=node.cluster).select_related("updated_by")}
     events = open_problem_events(node, now)
-    best = None
+    best, driving = None, []
     for event in events:
         choice = choose_action(event, policies, now)
         if choice is None:
             continue
-        choice = escalate(node, event.signature, choice, now)
+        driving.append(event)
+        choice = escalate(node, event, choice, now)
         if best is None or cost(choice.action) > cost(best[0].action):
             best = (choice, event)
     if best is None:
         return None
-    choice, event = best
-    return choice.action, choice.why, event.signature, event.gpu, events
+    return Recommendation(best[0], best[1], events, driving)
+
+
+def held_back(node, found, now):
+    """(whether a rejection in force holds back `found`, the rejection it follows or None)."""
+    rejections = rejections_in_force(node, now)
+    if any(holds_back(r, found.choice.action, found.driving) for r in rejections):
+        return True, None
+    return False, (rejections[0] if rejections else None)
 
 
 @transaction.atomic
 def refresh_recommendation(node, now=None):
     """Recommend a repair for the node's open problems, following DESIGN.md: one open repair
     per node; a costlier recommendation supersedes a proposed one; none while the node is in
-    cooldown or a repair is already approved or running. Returns the node's open repair."""
+    cooldown, a repair is already approved or running, or a rejection holds it back
+    (repairs.rejections). Returns the node's open repair."""
     now = now or timezone.now()
     node = (Node.objects.select_for_update(of=("self",), no_key=True)
             .select_related("cluster").get(pk=node.pk))
@@ -86,24 +108,35 @@ def refresh_recommendation(node, now=None):
     found = recommendation_for(node, now)
     if found is None:
         return current
-    action, why, signature, gpu, events = found
-    if current is not None and cost(action) <= cost(current.action):
-        current.events.add(*events)
+    choice = found.choice
+    if current is not None and cost(choice.action) <= cost(current.action):
+        current.events.add(*found.events)
         return current
+    follows, follows_why = choice.follows, choice.follows_why
+    if current is None:
+        held, rejection = held_back(node, found, now)
+        if held:
+            return None
+        if rejection is not None:
+            follows = rejection
+            follows_why = what_is_new(rejection, choice.action, found.driving)
     if current is not None:
-        transition(current, Status.SUPERSEDED, reason=f"a costlier repair ({action}) is needed",
-                   now=now)
+        transition(current, Status.SUPERSEDED,
+                   reason=f"a costlier repair ({choice.action}) is needed", now=now)
     repair = Repair.objects.create(
-        cluster=node.cluster, node=node, gpu=gpu, action=action, signature=signature,
-        reason=why, requested_at=now, boot_id_before=node.boot_id)
-    repair.events.add(*events)
+        cluster=node.cluster, node=node, gpu=found.event.gpu, action=choice.action,
+        signature=found.event.signature, reason=choice.why, requested_at=now,
+        boot_id_before=node.boot_id, follows=follows, follows_why=follows_why[:500])
+    repair.events.add(*found.events)
     if current is not None:
         Repair.objects.filter(pk=current.pk).update(superseded_by=repair)
     announce_repair_change(repair)
-    policy = RepairPolicy.objects.filter(cluster=node.cluster, signature=signature).first()
-    if policy is not None and policy.auto_approve and policy.action == action:
+    policy = RepairPolicy.objects.filter(cluster=node.cluster,
+                                         signature=found.event.signature).first()
+    if policy is not None and policy.auto_approve and policy.action == choice.action:
         repair = transition(repair, Status.APPROVED, reason=f"auto-approved: the cluster's "
-                            f"policy for {signature}", now=now, auto_approved=True, reviewed_at=now)
+                            f"policy for {found.event.signature}", now=now, auto_approved=True,
+                            reviewed_at=now)
         start_repair(repair, now=now)
     return repair
 
@@ -227,26 +260,55 @@ def do_approve_repair(repair, *, actor: AbstractBaseUser, comment="",
 
 @transaction.atomic
 def do_reject_repair(repair, *, actor: AbstractBaseUser, comment="",
-                     request: HttpRequest | None = None, now: datetime | None = None) -> Repair:
+                     snooze: timedelta | None = None, request: HttpRequest | None = None,
+                     now: datetime | None = None) -> Repair:
+    """No to a proposed repair. It sticks (repairs.rejections): nothing is proposed again
+    for its events until they close, or for `snooze` when one is given."""
     now = now or timezone.now()
     repair = transition(repair, Status.REJECTED, actor=actor, reason=comment or "rejected",
                         now=now, reviewed_by=actor, reviewed_at=now, review_comment=comment,
-                        finished_at=now, outcome="rejected")
+                        finished_at=now, outcome="rejected", snooze_until=snooze_end(snooze, now))
     record_audit(actor, "repair.reject", repair, cluster=repair.cluster, request=request,
-                 changes={"comment": comment}, now=now)
+                 changes={"comment": comment, "snooze": snooze_words(snooze)}, now=now)
     return repair
 
 
 @transaction.atomic
 def do_cancel_repair(repair, *, actor: AbstractBaseUser, comment="",
-                     request: HttpRequest | None = None, now: datetime | None = None) -> Repair:
-    """Proposed, approved or waiting repairs can be cancelled; a running one cannot."""
+                     snooze: timedelta | None = None, request: HttpRequest | None = None,
+                     now: datetime | None = None) -> Repair:
+    """Proposed, approved or waiting repairs can be cancelled; a running one cannot. A
+    cancellation sticks as a rejection does."""
     now = now or timezone.now()
     repair = transition(repair, Status.CANCELLED, actor=actor, reason=comment or "cancelled",
-                        now=now, finished_at=now, outcome=f"cancelled by {actor.get_username()}")
+                        now=now, finished_at=now, outcome=f"cancelled by {actor.get_username()}",
+                        snooze_until=snooze_end(snooze, now))
     record_audit(actor, "repair.cancel", repair, cluster=repair.cluster, request=request,
-                 changes={"comment": comment}, now=now)
+                 changes={"comment": comment, "snooze": snooze_words(snooze)}, now=now)
     return repair
+
+
+def snooze_end(snooze, now):
+    return None if snooze is None else now + snooze
+
+
+def snooze_words(snooze):
+    return "until its events close" if snooze is None else duration_text(snooze.total_seconds())
+
+
+@transaction.atomic
+def do_recommend_again(node: Node, *, actor: AbstractBaseUser,
+                       request: HttpRequest | None = None,
+                       now: datetime | None = None) -> Repair | None:
+    """An operator asks for a recommendation again: the snoozes of the node's rejected and
+    cancelled repairs end now, and the recommender looks at the node at once. Returns its
+    open repair (None when nothing calls for one)."""
+    now = now or timezone.now()
+    ended = [r.pk for r in rejections_in_force(node, now)]
+    Repair.objects.filter(pk__in=ended).update(snooze_until=now)
+    record_audit(actor, "repair.recommend_again", node, cluster=node.cluster, request=request,
+                 changes={"snoozes_ended": ended}, now=now)
+    return refresh_recommendation(node, now=now)
 
 
 def blast_radius_verdict(repair):
@@ -256,7 +318,8 @@ def blast_radius_verdict(repair):
     nodes = Node.objects.filter(cluster=cluster)
     total = nodes.count()
     limit = max(1, math.floor(total * settings.blast_radius_pct / 100))
-    under_repair = Repair.objects.filter(cluster=cluster, status=Status.RUNNING).values("node")
+    under_repair = (Repair.objects.filter(cluster=cluster, status=Status.RUNNING)
+                    .exclude(action__in=IN_SERVICE_ACTIONS).values("node"))
     out = (nodes.exclude(pk=repair.node_id)
            .filter(Q(state=NodeState.PAUSED) | Q(pk__in=under_repair)).count())
     if out + 1 <= limit:
@@ -281,6 +344,8 @@ def start_repair(repair, now=None):
     in_maintenance = maintenance.occurrence_for(node, now)
     if in_maintenance is not None:
         why_wait = f"{node.name} is in {maintenance.describe(in_maintenance)}"
+    elif repair.action in IN_SERVICE_ACTIONS:
+        why_wait = None  # the node stays in service: nothing to count
     else:
         why_wait = blast_radius_verdict(repair)
     if why_wait is not None:

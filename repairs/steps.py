@@ -1,5 +1,6 @@
 """Running a repair: drain -> act -> wait for the node -> verify -> resume (remove: drain ->
-act; reconfigure: act -> verify, slurmd restarting in place). Each step is one short Celery task (repairs.tasks.run_repair_step); a step that has
+act; clean-up and reconfigure: act -> verify, the node staying in service). Each step is
+one short Celery task (repairs.tasks.run_repair_step); a step that has
 to wait (jobs to end, the node to boot, a check to finish) says when to look again and the
 beat task runs it again then. No task sleeps.
 
@@ -39,7 +40,7 @@ from nodes.services import (
 from clusters.services import record_audit
 from schedulers import ExecutorError, RetryLater, scheduler_for
 
-from .choices import Action, Status, StepKind, StepStatus
+from .choices import IN_SERVICE_ACTIONS, Action, Status, StepKind, StepStatus
 from .announcements import announce_repair_change
 from .models import Repair, RepairSettings, RepairStep
 from .providers import CommandProvider, SimulatedProvider
@@ -92,8 +93,11 @@ def send_reboot(node):
     return do_send_command(node, AgentCommand.Action.REBOOT)
 
 
-GRES_DRIFT = "gres_drift"
-RECONFIGURE_VERIFY_TIMEOUT = timedelta(minutes=5)
+# How long an in-service repair's verify waits for the signal that called for it to close,
+# and what its verify says once it has.
+SIGNAL_CLOSES_WITHIN = timedelta(minutes=5)
+SIGNAL_GONE = {Action.RECONFIGURE: "Slurm's view of the GPUs matches the hardware",
+               Action.CLEANUP: "the agent finds nothing left behind"}
 
 
 # The steps. Each takes (repair, step, now) and returns Done, Wait or Failed.
@@ -130,6 +134,8 @@ def act(repair, step, now):
         return act_by_agent(repair, step, AgentCommand.Action.REBOOT)
     if repair.action == Action.RECONFIGURE:
         return act_by_agent(repair, step, AgentCommand.Action.RECONFIGURE)
+    if repair.action == Action.CLEANUP:
+        return act_by_agent(repair, step, AgentCommand.Action.CLEANUP)
     if "provider_done" in step.details:
         return Done(f"{repair.action} done by the provider")
     if "provider_started" in step.details:
@@ -165,7 +171,8 @@ def open_for_rejoin(repair, now):
 
 def act_by_agent(repair, step, action):
     """The agent's command for the action, sent once. A reboot is under way once accepted
-    (the wait step sees it done); a reconfigure is done when the agent says ok."""
+    (the wait step sees it done); a clean-up or a reconfigure is done when the agent says
+    ok."""
     command_id = step.details.get("command_id")
     if command_id is None:
         with transaction.atomic():
@@ -195,8 +202,8 @@ def wait_for_node(repair, step, now):
 
 
 def verify(repair, step, now):
-    if repair.action == Action.RECONFIGURE:
-        return verify_reconfigured(repair, step, now)
+    if repair.action in IN_SERVICE_ACTIONS:
+        return verify_signal_closed(repair, step, now)
     node = repair.node
     node.refresh_from_db()
     runs = CheckRun.objects.filter(pk__in=step.details.get("runs", [])).order_by("pk")
@@ -223,16 +230,18 @@ def verify(repair, step, now):
     return Done(f"passed {', '.join(run.check_name for run in runs)}")
 
 
-def verify_reconfigured(repair, step, now):
-    """The agent compares NVML's GPUs with Slurm's view again after its reconfigure, and
-    closes gres_drift when they match."""
-    still = HealthEvent.objects.open().filter(node=repair.node, signature=GRES_DRIFT).first()
+def verify_signal_closed(repair, step, now):
+    """After a clean-up or a reconfigure the agent looks again (its zombie and leftover
+    scans, NVML against Slurm's view) and closes the signal once it is gone. A repair
+    proposed by hand, for no signal, is done once the agent has acted."""
+    still = HealthEvent.objects.open().filter(node=repair.node,
+                                              signature=repair.signature).first()
     if still is None:
-        return Done("Slurm's view of the GPUs matches the hardware")
-    if now > (step.started_at or now) + RECONFIGURE_VERIFY_TIMEOUT:
-        return Failed(f"gres_drift is still open {RECONFIGURE_VERIFY_TIMEOUT.seconds // 60} min "
-                      f"after the reconfigure: {still.message}")
-    return Wait("waiting for the agent to see Slurm's view match the hardware")
+        return Done(SIGNAL_GONE[repair.action])
+    if now > (step.started_at or now) + SIGNAL_CLOSES_WITHIN:
+        return Failed(f"{repair.signature} is still open {SIGNAL_CLOSES_WITHIN.seconds // 60} "
+                      f"min after the {repair.action}: {still.message}")
+    return Wait(f"waiting for the agent to see {repair.signature} gone")
 
 
 def resume(repair, step, now):
@@ -369,6 +378,7 @@ def record_outcome(step, outcome, now):
 
 
 SUCCESS_OUTCOMES = {
+    Action.CLEANUP: "repaired: the leftovers ended, and the signal closed",
     Action.RECONFIGURE: "repaired: Slurm's GPU view rebuilt from the hardware, and verified",
     Action.REBOOT: "repaired: drained, acted, back, verified and resumed",
     Action.REPROVISION: "repaired: drained, acted, back, verified and resumed",
@@ -377,8 +387,11 @@ SUCCESS_OUTCOMES = {
 
 
 def fail_repair(repair, why, now):
-    """The repair fails with its reason; the node stays out of service (paused)."""
+    """The repair fails with its reason; the node stays out of service (paused), unless the
+    repair left it in service (the next rung of its ladder follows instead)."""
     transition(repair, Status.FAILED, reason=why, now=now, finished_at=now, outcome=why)
+    if repair.action in IN_SERVICE_ACTIONS:
+        return
     do_pause_node(repair.node, actor=None, reason=f"repair #{repair.pk} failed: {why}"[:255],
                   now=now)
 

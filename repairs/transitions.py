@@ -16,7 +16,7 @@ from clusters.services import actor_name
 from nodes.services import REPAIR_OPENER, do_close_rejoin
 from nodes.states import refresh_node_state
 
-from .choices import Status
+from .choices import IN_SERVICE_ACTIONS, Status
 from .announcements import announce_repair_change
 from .models import Repair, RepairTransition
 
@@ -72,7 +72,7 @@ def transition(repair, to, *, actor=None, reason="", now=None, **fields):
         # A reprovision's or failover's opening to re-join lasts as long as the repair.
         do_close_rejoin(repair.node, opened_by=REPAIR_OPENER.format(repair.pk), now=now,
                         reason=f"repair #{repair.pk} {to}")
-    if Status.RUNNING in (current, to):
+    if Status.RUNNING in (current, to) and repair.action not in IN_SERVICE_ACTIONS:
         # A running repair pauses its node (DESIGN.md "Node states"): hand the fact down.
         running = f"repair #{repair.pk} ({repair.action}) is running" if to == Status.RUNNING else ""
         refresh_node_state(repair.node, actor=actor, now=now, running_repair=running,

@@ -11,6 +11,8 @@ urlpatterns = [
     path("settings/policy/", views.repair_policy, name="policy"),
     path("node/<str:name>/", views.node_repairs, name="node"),
     path("node/<str:name>/propose/", views.repair_propose, name="propose"),
+    path("node/<str:name>/recommend-again/", views.repair_recommend_again,
+         name="recommend_again"),
     path("<uuid:public_id>/", views.repair_detail, name="detail"),
     path("<uuid:public_id>/approve/", views.repair_approve, name="approve"),
     path("<uuid:public_id>/reject/", views.repair_reject, name="reject"),

@@ -5,8 +5,6 @@ action gets the repair's block back (and "repair-changed", so the page's other s
 follow); a plain form is sent back to where it came from.
 """
 
-from dataclasses import dataclass
-from types import SimpleNamespace
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
@@ -19,8 +17,7 @@ from clusters.queries import get_cluster_for_user
 from common.redirects import safe_next
 from clusters.roles import Role, has_role, require_role
 from common.exports import csv_response, invalid_filters_response
-from healthchecks.xid_catalog import catalog, policy_for
-from healthchecks.check_catalog import CHECKS
+from healthchecks.xid_catalog import catalog
 from nodes.queries import get_node_for_user
 
 from .choices import OPEN_STATUSES, Action, Status
@@ -33,14 +30,14 @@ from .forms import (
     RepairPolicyForm,
     RepairSettingsForm,
 )
-from .models import Repair, RepairPolicy
-from .policy import DEFAULT_ACTIONS, THROTTLE_PERSISTS, THROTTLE_SIGNATURES, default_action
+from .models import Repair
 from .queries import (
     RepairCard,
     finished_repairs,
     get_repair_for_user,
     node_histories,
     node_repairs_context,
+    policy_rows,
     proposed_jobs,
     repair_cards,
     with_card_data,
@@ -50,6 +47,7 @@ from .services import (
     do_approve_repair,
     do_cancel_repair,
     do_propose_repair,
+    do_recommend_again,
     do_reject_repair,
     do_set_repair_policy,
     do_update_repair_settings,
@@ -166,15 +164,17 @@ def done_message(repair, verb):
 
 
 def act_on_repair(request, slug, public_id, service, wanted, verb):
-    """approve, reject, cancel: one service each, with the optional comment."""
+    """approve, reject, cancel: one service each, with the optional comment (and, to reject
+    or cancel, the snooze)."""
     repair = get_repair_for_user(request, slug, public_id)
     form = CommentForm(request.POST)
     if not form.is_valid():
-        messages.error(request, "The comment is too long: 500 characters at most.")
+        messages.error(request, " ".join(e for errors in form.errors.values() for e in errors))
     else:
+        extra = {} if wanted == Status.APPROVED else {"snooze": form.snooze_for()}
         try:
             moved = service(repair, actor=request.user, comment=form.cleaned_data["comment"],
-                            request=request)
+                            request=request, **extra)
         except (Conflict, InvalidTransition):
             messages.warning(request, already_message(repair, wanted))
         else:
@@ -254,6 +254,20 @@ def node_repairs(request, slug, name):
 
 @require_POST
 @require_role(Role.OPERATOR)
+def repair_recommend_again(request, slug, name):
+    """An operator asks for a recommendation again: the node's rejections stop holding it
+    back."""
+    node = get_node_for_user(request, slug, name)
+    repair = do_recommend_again(node, actor=request.user, request=request)
+    if repair is None:
+        messages.info(request, f"Nothing on {node.name} calls for a repair now.")
+    else:
+        messages.success(request, f"Repair #{repair.pk} ({repair.action}) is recommended.")
+    return node_repairs_response(request, node)
+
+
+@require_POST
+@require_role(Role.OPERATOR)
 def repair_propose(request, slug, name):
     node = get_node_for_user(request, slug, name)
     form = ProposeRepairForm(request.POST)
@@ -269,6 +283,12 @@ def repair_propose(request, slug, name):
         else:
             messages.success(request, f"Repair #{repair.pk} ({repair.action}) proposed; it "
                                       f"waits for an operator's approval.")
+    return node_repairs_response(request, node)
+
+
+def node_repairs_response(request, node):
+    """After an action in the node page's Repair section: htmx gets the section again; a
+    plain form goes back to the node page."""
     if not request.htmx:
         return redirect("nodes:detail", node.cluster.slug, node.name)
     response = render(request, "repairs/_node_repairs_response.html",
@@ -278,34 +298,6 @@ def repair_propose(request, slug, name):
 
 
 # Settings: admins change them, everyone else reads them.
-
-
-@dataclass(frozen=True)
-class PolicyRow:
-    signature: str
-    default_action: str | None
-    default_why: str
-    override: RepairPolicy | None
-
-
-def policy_rows(cluster):
-    """The policy table: every signature with a default repair (Xids for the cluster's GPU
-    type), then the other signatures the cluster has a row for; each with its default, so
-    an admin sees what a row overrides."""
-    overrides = {p.signature: p for p in cluster.repair_policies.select_related("updated_by")}
-    signatures = [*DEFAULT_ACTIONS, *(f"check:{name}" for name in CHECKS),
-                  *(f"xid:{code}" for code in sorted(catalog())
-                    if policy_for(code, cluster.gpu_type).recommendation)]
-    signatures += sorted(set(overrides) - set(signatures))
-    # default_action() reads an event's signature and its GPU's model: here, the cluster's.
-    gpu = SimpleNamespace(name=cluster.gpu_type)
-    rows = []
-    for signature in signatures:
-        action, why = default_action(SimpleNamespace(signature=signature, gpu=gpu))
-        if action and signature in THROTTLE_SIGNATURES:
-            why += f", once it persists {THROTTLE_PERSISTS.seconds // 60} minutes"
-        rows.append(PolicyRow(signature, action, why, overrides.get(signature)))
-    return rows
 
 
 def settings_context(cluster, **forms):

@@ -6,14 +6,26 @@ them: its templates load this library."""
 import json
 
 from django import template
+from django.utils import timezone
 from django.http import QueryDict
 
 from healthchecks.forms import RunCheckForm, check_choices as all_check_choices
 from healthchecks.gpu_lost import review_gpu_inventory
-from healthchecks.queries import check_runs_context, open_events_by_signature, worst_open_signals
+from healthchecks.queries import (
+    check_runs_context,
+    held_signal_text,
+    open_events_by_signature,
+    worst_open_signals,
+)
 from healthchecks.xid_catalog import xid_code
 
 register = template.Library()
+
+
+@register.simple_tag
+def held_for(event):
+    """"held 16 min, up to 88 °C" for a held signal; "" otherwise."""
+    return held_signal_text(event, timezone.now())
 
 
 @register.filter

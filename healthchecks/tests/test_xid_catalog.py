@@ -3,7 +3,8 @@ import csv
 import pytest
 
 from healthchecks.xid_catalog import (
-    CRITICAL, INFO, REBOOT, REMOVE, REPROVISION, WARNING, catalog, generation_of, policy_for,
+    CRITICAL, INFO, REBOOT, REMOVE, WARNING, bucket_rules, catalog, generation_of, policy_for,
+    why_sentence,
 )
 
 
@@ -35,18 +36,40 @@ def test_every_bucket_in_the_catalog_has_a_mapping():
         assert policy.severity in (INFO, WARNING, CRITICAL), (code, entry.bucket)
     buckets = {entry.bucket for entry in catalog().values()}
     assert {"UPDATE_SWFW", "CONTACT_SUPPORT", "CHECK_MECHANICALS", ""} <= buckets
+    # Each bucket has its own row in xid_buckets.tsv: none falls to the "*" row.
+    assert buckets <= set(bucket_rules()) - {"*"}
+
+
+def test_xid_buckets_tsv_says_each_bucket_in_words():
+    for bucket, rule in bucket_rules().items():
+        assert rule.nvidia_says and rule.why, bucket
+        assert rule.severity in (INFO, WARNING, CRITICAL), bucket
+        assert bool(rule.ladder) == (rule.severity == CRITICAL), bucket
+
+
+def test_the_why_of_an_xid_says_nvidias_action_in_words_and_where_gpud_differs():
+    assert why_sentence(79, "NVIDIA H200") == (
+        "NVIDIA: restart the machine (RESTART_BM), for A100, H100, B100, GB200-class GPUs. "
+        "A reboot restarts the machine and reloads the driver; local data is kept.")
+    # Xid 48's workflow is a sentence, not NVIDIA's whole cell.
+    assert why_sentence(48, "NVIDIA H200").startswith(
+        "NVIDIA: reset the GPU when the error comes alone; drain and reset it with Xid 63 or 64")
+    assert "Investagatory" not in why_sentence(48, "NVIDIA H200")
+    # Xid 32: NVIDIA says restart the application; gpud says reboot or inspect.
+    assert why_sentence(32, "NVIDIA H200").endswith(
+        "gpud differs: it suggests a reboot or a hardware inspection.")
 
 
 def test_update_swfw_is_a_reprovision():
     (code,) = [c for c, e in catalog().items() if e.bucket == "UPDATE_SWFW"]
-    assert policy_for(code, "NVIDIA H200").recommendation == REPROVISION
+    assert policy_for(code, "NVIDIA H200").recommendation == "reprovision"
 
 
 def test_a_blank_bucket_is_a_warning_without_guidance():
     code = next(c for c, e in catalog().items() if e.bucket == "")
     assert policy_for(code) == policy_for(code, "NVIDIA H200")
     assert (policy_for(code).severity, policy_for(code).recommendation) == (WARNING, None)
-    assert policy_for(code).explanation == "no NVIDIA guidance"
+    assert policy_for(code).nvidia == "NVIDIA: no guidance (no bucket)"
 
 
 def test_rma_only_for_codes_that_apply_to_the_gpu_model():

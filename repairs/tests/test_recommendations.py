@@ -97,7 +97,8 @@ def test_the_same_signature_within_7_days_of_a_repair_escalates_one_step(node, l
                   started_at=NOW - timedelta(days=3), finished_at=NOW - timedelta(days=3))
     open_event(node, "xid:79")
     repair = refresh_recommendation(node, now=NOW)
-    assert repair.action == expected and "escalated" in repair.reason
+    assert repair.action == expected and repair.follows is not None
+    assert repair.reason.startswith(f"xid:79 came back 3 days after repair #{repair.follows.pk} ({last})")
 
 
 def test_no_escalation_after_7_days_or_for_another_signature(node):
@@ -180,7 +181,8 @@ def test_a_rejection_is_recorded_with_its_comment(node, operator):
     repair = do_reject_repair(refresh_recommendation(node, now=NOW), actor=operator,
                               comment="job finishing tonight")
     assert repair.status == Status.REJECTED and repair.review_comment == "job finishing tonight"
-    assert AuditEntry.objects.get().changes == {"comment": "job finishing tonight"}
+    assert AuditEntry.objects.get().changes == {"comment": "job finishing tonight",
+                                                "snooze": "until its events close"}
 
 
 def test_a_repair_proposed_by_hand_waits_for_approval_and_only_one_per_node(node, operator):

@@ -49,7 +49,7 @@ def test_gres_drift_is_repaired_by_reconfigure_without_a_drain_or_a_reboot(node,
     event = drift(node)
     repair = refresh_recommendation(node)
     assert repair.action == "reconfigure" and repair.signature == "gres_drift"
-    assert "the default for gres_drift" in repair.reason
+    assert repair.reason.startswith("The reconfigure rebuilds Slurm's list of GPUs")
     repair = do_approve_repair(repair, actor=operator)
     assert list(repair.steps.order_by("position").values_list("kind", flat=True)) == [
         "act", "verify"]
@@ -104,7 +104,11 @@ def test_a_failed_reconfigure_fails_the_repair_with_the_agents_reason(node, oper
     assert repair.status == Status.FAILED
     assert "Invalid generic resource" in repair.outcome
     node.refresh_from_db()
-    assert node.state == NodeState.PAUSED  # a failed repair leaves its node out of service
+    assert node.state != NodeState.PAUSED  # a reconfigure leaves the node in service
+    following = refresh_recommendation(node, now=later)  # no cooldown: the next rung at once
+    assert following.action == "reboot" and following.follows_id == repair.pk
+    assert following.reason.startswith(f"gres_drift is still open after repair #{repair.pk} "
+                                       f"(reconfigure, failed): the next rung is reboot")
 
 
 def test_verify_fails_when_gres_drift_stays_open(node, operator, enqueued):
@@ -118,7 +122,7 @@ def test_verify_fails_when_gres_drift_stays_open(node, operator, enqueued):
     run_next(enqueued, now=later)
     verify = repair.steps.get(kind="verify")
     assert isinstance(run_next(enqueued, now=later), steps.Wait)
-    much_later = later + steps.RECONFIGURE_VERIFY_TIMEOUT + timedelta(minutes=1)
+    much_later = later + steps.SIGNAL_CLOSES_WITHIN + timedelta(minutes=1)
     steps.run_due_steps(now=much_later)
     outcome = run_next(enqueued, now=much_later)
     assert isinstance(outcome, steps.Failed) and "gres_drift is still open 5 min" in outcome.message
@@ -129,14 +133,14 @@ def test_verify_fails_when_gres_drift_stays_open(node, operator, enqueued):
 def test_drift_again_within_7_days_of_a_reconfigure_escalates_to_a_reboot(node, operator):
     now = timezone.now()
     Repair.objects.create(cluster=node.cluster, node=node, action="reconfigure",
-                          signature="gres_drift", reason="the default for gres_drift",
+                          signature="gres_drift", reason="gres_drift",
                           status=Status.SUCCEEDED, requested_at=now - timedelta(days=2),
                           started_at=now - timedelta(days=2),
                           finished_at=now - timedelta(days=2))
     drift(node)
     repair = refresh_recommendation(node, now=now)
     assert repair.action == "reboot"
-    assert "escalated: gres_drift again within 7 days" in repair.reason
+    assert repair.reason.startswith("gres_drift came back 2 days after repair #")
 
 
 @pytest.mark.parametrize("signature, valid", [("gres_drift", True), ("xid:79", False)])

@@ -87,7 +87,7 @@ def test_a_recommendation_shows_its_evidence_history_and_buttons(client_for, ope
     section = response.text.split('id="repair-awaiting"')[1].split('id="repair-running"')[0]
     assert "gpu-017" in section and "GPU 3" in section and "xid:79" in section
     assert "reboot in place; local data is kept" in section
-    assert "Why: NVIDIA&#x27;s catalog for Xid 79" in section
+    assert "Why: NVIDIA: restart the machine (RESTART_BM)" in section
     assert "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS" in section
     assert "NVIDIA: RESTART_BM" in section and "gpud: REBOOT_SYSTEM, HARDWARE_INSPECTION" in section
     assert "GPU has fallen off the bus." in section  # the kernel line

@@ -94,13 +94,15 @@ def rows_by_signature(response):
 
 def test_the_policy_table_shows_each_default(client_for, viewer, url):
     rows = rows_by_signature(client_for(viewer).get(url))
-    assert rows["xid:79"].default_action == "reboot"
-    assert rows["xid:54"].default_action == "remove"  # CHECK_MECHANICALS applies to H200
-    assert rows["gpu_lost"].default_action == "reboot"
-    assert rows["row_remap_failure"].default_action == "remove"
-    assert rows["thermal_throttle"].default_action == "failover"
-    assert "once it persists 15 minutes" in rows["thermal_throttle"].default_why
-    assert rows["check:gpu_compute"].default_action == "reboot"
+    assert rows["xid:79"].default.actions == ("reboot", "reprovision", "failover", "remove")
+    assert rows["xid:54"].default.actions == ("remove",)  # CHECK_MECHANICALS applies to H200
+    assert rows["gpu_lost"].default.actions[0] == "reboot"
+    assert rows["row_remap_failure"].default.actions == ("remove",)
+    assert rows["thermal_throttle"].default.actions == ("failover",)
+    assert "only once it has lasted 15 minutes" in rows["thermal_throttle"].default.lighter
+    assert rows["check:gpu_compute"].default.actions[0] == "reboot"
+    assert rows["job_leftovers"].default.actions == ("cleanup", "reboot")
+    assert rows["zombie_processes"].default.actions == ("cleanup",)
     assert "xid:31" not in rows  # no default repair: listed once a row overrides it
     assert all(row.override is None for row in rows.values())
 
@@ -117,7 +119,7 @@ def test_an_admin_overrides_a_signature_and_goes_back_to_the_default(client_for,
     assert entry.changes == {"signature": "xid:79", "before": None,
                              "after": {"action": "reprovision", "auto_approve": True}}
     shown = rows_by_signature(client.get(url))["xid:79"]
-    assert shown.override == row and shown.default_action == "reboot"
+    assert shown.override == row and shown.default.actions[0] == "reboot"
 
     client.post(policy_url, {"signature": "xid:31", "action": "none"})
     assert RepairPolicy.objects.get(signature="xid:31").action == ""
