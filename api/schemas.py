@@ -158,6 +158,12 @@ class RepairOut(Schema):
     started_at: datetime | None
     finished_at: datetime | None
     outcome: str
+    follows: int | None = Field(None, description="the number of the repair this one comes "
+                                                  "after: a lighter rung, or a rejected one")
+    follows_why: str = ""
+    snooze_until: datetime | None = Field(
+        None, description="rejected or cancelled: no new recommendation for its events "
+                          "before this (null: until they close)")
     url: str
 
 
@@ -220,6 +226,13 @@ class AuditPage(Page):
 
 class Comment(Schema):
     comment: str = Field("", max_length=form_limit(CommentForm, "comment"))
+
+
+class Verdict(Comment):
+    """Reject or cancel: how long no new recommendation comes for the same events."""
+
+    snooze: str = Field("events", description="events (until they close), 1h, 24h or 7d",
+                        json_schema_extra={"enum": [v for v, _ in CommentForm.SNOOZE_CHOICES]})
 
 
 class Abort(Schema):

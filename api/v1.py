@@ -37,12 +37,14 @@ from nodes.queries import live_numbers
 from nodes.services import do_pause_node, do_resume_node, do_send_command
 from repairs.choices import Action
 from repairs.filters import RepairHistoryFilter
+from repairs.forms import CommentForm
 from repairs.models import Repair
 from repairs.services import (
     RepairRefused,
     do_approve_repair,
     do_cancel_repair,
     do_propose_repair,
+    do_recommend_again,
     do_reject_repair,
 )
 from repairs.steps import do_abort_repair
@@ -267,7 +269,8 @@ def repair_json(repair):
             "reviewed_at": repair.reviewed_at, "review_comment": repair.review_comment,
             "auto_approved": repair.auto_approved, "waiting_reason": repair.waiting_reason,
             "started_at": repair.started_at, "finished_at": repair.finished_at,
-            "outcome": repair.outcome,
+            "outcome": repair.outcome, "follows": repair.follows_id,
+            "follows_why": repair.follows_why, "snooze_until": repair.snooze_until,
             "url": settings.CLUSTERUI_PUBLIC_URL.rstrip("/") + repair.get_absolute_url()}
 
 
@@ -354,22 +357,32 @@ def approve_repair(request, slug: str, ref: str, body: schemas.Comment):
                                    request=request))
 
 
+def verdict_form(body):
+    """A reject's or cancel's body, checked by the page's own form."""
+    form = CommentForm({"comment": body.comment, "snooze": body.snooze})
+    if not form.is_valid():
+        bad_request(form)
+    return form
+
+
 @clusters.post("/{slug}/repairs/{ref}/reject/", response=schemas.RepairOut,
                summary="Reject a proposed repair (operators)")
-def reject_repair(request, slug: str, ref: str, body: schemas.Comment):
+def reject_repair(request, slug: str, ref: str, body: schemas.Verdict):
     require(request, Role.OPERATOR)
     repair = repair_of(slug, ref)
+    form = verdict_form(body)
     return acted(do_reject_repair(repair, actor=request.user, comment=body.comment,
-                                  request=request))
+                                  snooze=form.snooze_for(), request=request))
 
 
 @clusters.post("/{slug}/repairs/{ref}/cancel/", response=schemas.RepairOut,
                summary="Cancel an approved or waiting repair (operators)")
-def cancel_repair(request, slug: str, ref: str, body: schemas.Comment):
+def cancel_repair(request, slug: str, ref: str, body: schemas.Verdict):
     require(request, Role.OPERATOR)
     repair = repair_of(slug, ref)
+    form = verdict_form(body)
     return acted(do_cancel_repair(repair, actor=request.user, comment=body.comment,
-                                  request=request))
+                                  snooze=form.snooze_for(), request=request))
 
 
 @clusters.post("/{slug}/repairs/{ref}/abort/", response=schemas.RepairOut,
@@ -405,6 +418,21 @@ def clean_up_node(request, slug: str, name: str):
     return 202, {"id": command.pk, "node": node.name, "action": command.action,
                  "status": command.status, "message": command.message,
                  "requested_at": command.requested_at, "finished_at": command.finished_at}
+
+
+@clusters.post("/{slug}/nodes/{name}/recommend-again/", response={200: schemas.RepairOut,
+                                                                  204: None},
+               summary="Ask for a recommendation again: the node's rejected and cancelled "
+                       "repairs stop holding it back (operators); 204 when nothing calls "
+                       "for a repair")
+def recommend_again(request, slug: str, name: str):
+    require(request, Role.OPERATOR)
+    node = node_of(cluster_of(slug), name)
+    repair = do_recommend_again(node, actor=request.user, request=request)
+    if repair is None:
+        return 204, None
+    return 200, repair_json(Repair.objects.select_related("node", "cluster", "reviewed_by")
+                            .get(pk=repair.pk))
 
 
 @clusters.post("/{slug}/nodes/{name}/pause/", response=schemas.NodeOut,

@@ -75,6 +75,7 @@ ENDPOINTS = {
                                    audit="repair.propose"),
     "api:pause_node": Endpoint("POST", OPERATE, body={"reason": "reseat"}, audit="node.pause"),
     "api:clean_up_node": Endpoint("POST", OPERATE, ok=202, audit="agentcommand.send"),
+    "api:recommend_again": Endpoint("POST", OPERATE, audit="repair.recommend_again"),
     "api:resume_node": Endpoint("POST", OPERATE, audit="node.resume", setup=paused),
     "api:run_check": Endpoint("POST", OPERATE, ok=201, body={"check": "nvml_sanity"},
                               audit="checkrun.request"),
