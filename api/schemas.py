@@ -161,6 +161,9 @@ class RepairOut(Schema):
     follows: int | None = Field(None, description="the number of the repair this one comes "
                                                   "after: a lighter rung, or a rejected one")
     follows_why: str = ""
+    approval_view: dict = Field(default_factory=dict,
+                                description="what the card showed the approver: jobs at risk, "
+                                            "the nodes they span, the blast radius")
     snooze_until: datetime | None = Field(
         None, description="rejected or cancelled: no new recommendation for its events "
                           "before this (null: until they close)")
@@ -226,6 +229,12 @@ class AuditPage(Page):
 
 class Comment(Schema):
     comment: str = Field("", max_length=form_limit(CommentForm, "comment"))
+
+
+class Approval(Comment):
+    confirm_unknown_jobs: bool = Field(
+        False, description="approve although the scheduler cannot be read (which jobs it "
+                           "stops is unknown); refused without it then")
 
 
 class Verdict(Comment):

@@ -39,6 +39,7 @@ from repairs.choices import Action
 from repairs.filters import RepairHistoryFilter
 from repairs.forms import CommentForm
 from repairs.models import Repair
+from repairs.queries import proposed_card
 from repairs.services import (
     RepairRefused,
     do_approve_repair,
@@ -270,7 +271,8 @@ def repair_json(repair):
             "auto_approved": repair.auto_approved, "waiting_reason": repair.waiting_reason,
             "started_at": repair.started_at, "finished_at": repair.finished_at,
             "outcome": repair.outcome, "follows": repair.follows_id,
-            "follows_why": repair.follows_why, "snooze_until": repair.snooze_until,
+            "follows_why": repair.follows_why, "approval_view": repair.approval_view,
+            "snooze_until": repair.snooze_until,
             "url": settings.CLUSTERUI_PUBLIC_URL.rstrip("/") + repair.get_absolute_url()}
 
 
@@ -350,10 +352,12 @@ def acted(repair):
 
 @clusters.post("/{slug}/repairs/{ref}/approve/", response=schemas.RepairOut,
                summary="Approve a proposed repair (operators)")
-def approve_repair(request, slug: str, ref: str, body: schemas.Comment):
+def approve_repair(request, slug: str, ref: str, body: schemas.Approval):
     require(request, Role.OPERATOR)
     repair = repair_of(slug, ref)
     return acted(do_approve_repair(repair, actor=request.user, comment=body.comment,
+                                   seen=proposed_card(repair).approval_record(),
+                                   confirmed_unknown_jobs=body.confirm_unknown_jobs,
                                    request=request))
 
 

@@ -47,7 +47,8 @@ PEAK_UNITS = {"temp_c": "°C", "power_w": "W"}
 def held_signal_text(event, now):
     """For a held signal (throttling, a Slurm drain, ECC rising): how long it has been held,
     and its peak where the catalog names a metric ("held 16 min, up to 88 °C"), from the
-    reading at its opening and the node's per-minute rollups of that GPU. "" for an edge signal or a notice."""
+    reading at its opening and the node's per-minute rollups of that GPU. "" for an edge
+    signal or a notice."""
     info = info_for(event.signature)
     if info is None or info.kind != HELD:
         return ""

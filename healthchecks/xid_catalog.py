@@ -46,6 +46,11 @@ class XidEntry:
         """NVIDIA's text for the immediate action bucket."""
         return bucket_texts().get(self.bucket, "")
 
+    @property
+    def nvidia(self):
+        """NVIDIA's action in words: "NVIDIA: restart the machine (RESTART_BM)"."""
+        return f"NVIDIA: {rule_for(self.bucket).nvidia_says} ({self.bucket or 'no bucket'})"
+
 
 @dataclass(frozen=True)
 class BucketRule:
@@ -150,7 +155,7 @@ def policy_for(code, gpu_model=""):
                          f"No repair by default: Xid {code} is not in NVIDIA's catalog; an "
                          f"operator decides.")
     rule = rule_for(entry.bucket)
-    nvidia = f"NVIDIA: {rule.nvidia_says} ({entry.bucket or 'no bucket'})"
+    nvidia = entry.nvidia
     if entry.bucket in HARDWARE_BUCKETS and not applies_to(entry, gpu_model):
         return XidPolicy(WARNING, (), nvidia,
                          f"No repair: NVIDIA's catalog says Xid {code} does not apply to "

@@ -12,7 +12,8 @@ class Action(models.TextChoices):
     REMOVE = "remove", "remove"
 
 
-ACTIONS_BY_COST = [Action.CLEANUP, Action.RECONFIGURE, Action.REBOOT, Action.REPROVISION, Action.FAILOVER, Action.REMOVE]
+ACTIONS_BY_COST = [Action.CLEANUP, Action.RECONFIGURE, Action.REBOOT, Action.REPROVISION,
+                   Action.FAILOVER, Action.REMOVE]
 
 ACTION_EXPLANATIONS = {
     Action.CLEANUP: "the agent ends what ended jobs left running and reaps zombies; the node "

@@ -11,7 +11,8 @@ from .models import RepairSettings
 
 class CommentForm(forms.Form):
     """Approve, reject or cancel: the comment is optional. Rejecting or cancelling also says
-    how long no new recommendation comes for the same events (repairs.rejections)."""
+    how long no new recommendation comes for the same events (repairs.rejections);
+    approving while the scheduler cannot be read needs confirm_unknown_jobs."""
 
     SNOOZES = {"events": None, "1h": timedelta(hours=1), "24h": timedelta(hours=24),
                "7d": timedelta(days=7)}
@@ -21,6 +22,7 @@ class CommentForm(forms.Form):
     comment = forms.CharField(max_length=500, required=False, error_messages={
         "max_length": "The comment is too long: 500 characters at most."})
     snooze = forms.ChoiceField(choices=SNOOZE_CHOICES, required=False)
+    confirm_unknown_jobs = forms.BooleanField(required=False)
 
     def snooze_for(self):
         """The chosen snooze for do_reject_repair / do_cancel_repair: None until the events

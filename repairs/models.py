@@ -104,6 +104,10 @@ class Repair(models.Model):
                   "rejected or cancelled one that something new broke through")
     follows_why = models.CharField(max_length=500, blank=True,
                                    help_text="what is new since `follows`, in words")
+    approval_view = models.JSONField(
+        default=dict, blank=True,
+        help_text="what the card showed the person who approved it: the jobs at risk (or why "
+                  "the scheduler could not be read), the nodes they span, the blast radius")
     snooze_until = models.DateTimeField(
         null=True, blank=True,
         help_text="rejected or cancelled: no new recommendation for its events until then "

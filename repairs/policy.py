@@ -104,11 +104,11 @@ def escalate(node, event, choice, now):
     if cost(stronger) <= cost(choice.action):
         return choice
     if event.first_seen <= last.finished_at:
-        what = f"{event.signature} is still open after repair #{last.pk} ({last.action}, " \
-               f"{last.get_status_display()})"
+        what = (f"{event.signature} is still open after repair #{last.pk} ({last.action}, "
+                f"{last.get_status_display()})")
     else:
-        what = f"{event.signature} came back {duration_text((event.first_seen - last.finished_at).total_seconds())} " \
-               f"after repair #{last.pk} ({last.action})"
+        after = duration_text((event.first_seen - last.finished_at).total_seconds())
+        what = f"{event.signature} came back {after} after repair #{last.pk} ({last.action})"
     return Choice(stronger, f"{what}: the next rung is {stronger}, "
                             f"{ACTION_EXPLANATIONS[stronger]}.",
                   choice.ladder, follows=last, follows_why=what)

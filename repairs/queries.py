@@ -3,8 +3,10 @@ repair cards with what they show (the jobs a repair would hit, the node's earlie
 in a fixed number of queries."""
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from uuid import UUID
 
+from django.core.cache import cache
 from django.db.models import F, Prefetch, Window
 from django.db.models.functions import RowNumber
 from django.http import HttpRequest
@@ -12,18 +14,18 @@ from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
 from clusters.queries import get_cluster_for_user
-from common.durations import duration_text
 from healthchecks.check_catalog import CHECKS
 from healthchecks.signatures import SIGNATURES
 from healthchecks.xid_catalog import catalog, policy_for
 from healthchecks.models import HealthEvent
-from schedulers import ExecutorError, NoScheduler, scheduler_for
+from schedulers import ExecutorError, Job, NoScheduler, scheduler_for
 
-from .choices import ACTION_EXPLANATIONS, FINISHED_STATUSES, Status
+from .choices import ACTION_EXPLANATIONS, FINISHED_STATUSES, IN_SERVICE_ACTIONS, Status
 from .forms import CommentForm, ProposeRepairForm
 from .models import Repair, RepairPolicy
 from .policy import Ladder, default_ladder
 from .rejections import rejections_in_force
+from .services import BlastRadius, out_of_service
 
 NODE_HISTORY_LIMIT = 5  # a recommendation shows this many of its node's earlier repairs
 NODE_PAGE_HISTORY_LIMIT = 20
@@ -50,17 +52,56 @@ def with_card_data(repairs):
 # What a repair's block shows besides the repair itself.
 
 
+JOBS_FRESH_FOR_S = 30  # a card's jobs are the scheduler's answer of at most this long ago
+
+
+@dataclass(frozen=True)
+class JobRow:
+    job: Job
+    since: datetime | None  # running since
+    gpu_hours: str
+    other_nodes: tuple  # the job's nodes besides this one
+
+
 @dataclass(frozen=True)
 class JobsAtRisk:
     """What the cluster's scheduler says runs on a node: the jobs a repair would hit."""
 
+    node: str = ""
     jobs: tuple = ()
     scheduler: str = ""  # its name; "" when the cluster has none configured
     error: str = ""  # why it did not answer
+    read_at: datetime | None = None
 
     @property
     def rows(self):
-        return [(job, duration_text(job.run_time_s)) for job in self.jobs]
+        return [JobRow(job, None if job.run_time_s is None or self.read_at is None
+                       else self.read_at - timedelta(seconds=job.run_time_s),
+                       "–" if job.gpu_hours is None else f"{job.gpu_hours:,.1f}",
+                       tuple(name for name in job.nodes if name != self.node))
+                for job in self.jobs]
+
+    @property
+    def nodes_hit(self):
+        """Every node whose work the repair stops: this one and the other nodes of its
+        multi-node jobs."""
+        return sorted({self.node, *(name for job in self.jobs for name in job.nodes)})
+
+    @property
+    def unknown(self):
+        """The scheduler could not be read: nobody can say what approving costs."""
+        return bool(self.error)
+
+    def as_record(self):
+        """What the approver saw, for Repair.approval_view (JSON)."""
+        return {"scheduler": self.scheduler, "error": self.error,
+                "read_at": self.read_at.isoformat() if self.read_at else None,
+                "jobs": [{"id": job.id, "user": job.user, "account": job.account,
+                          "name": job.name, "gpus": job.gpus, "nodes": list(job.nodes),
+                          "run_time_s": job.run_time_s,
+                          "gpu_hours": None if job.gpu_hours is None
+                          else round(job.gpu_hours, 2)} for job in self.jobs],
+                "nodes_hit": self.nodes_hit}
 
 
 @dataclass(frozen=True)
@@ -68,6 +109,7 @@ class RepairCard:
     repair: Repair
     jobs: JobsAtRisk | None = None  # asked for proposed repairs only
     history: list | None = None  # the node's earlier repairs, newest first; None: not shown
+    blast_radius: BlastRadius | None = None  # proposed repairs that take the node out
 
     @property
     def action_explanation(self):
@@ -77,26 +119,60 @@ class RepairCard:
     def snooze_choices(self):
         return CommentForm.SNOOZE_CHOICES
 
+    @property
+    def keeps_the_node_in_service(self):
+        return self.repair.action in IN_SERVICE_ACTIONS
 
-def jobs_at_risk(cluster, nodes):
-    """{node id: JobsAtRisk}. A scheduler that did not answer for one node is not asked
-    again for the next: each question would wait out its own time limit."""
+    def approval_record(self):
+        """What this card shows an approver about the cost, for Repair.approval_view."""
+        record = self.jobs.as_record() if self.jobs is not None else {}
+        if self.blast_radius is not None:
+            record["blast_radius"] = self.blast_radius.text
+        elif self.keeps_the_node_in_service:
+            record["blast_radius"] = "the node stays in service"
+        return record
+
+
+def jobs_cache_key(cluster, node):
+    return f"repairs:jobs-at-risk:{cluster.pk}:{node.pk}"
+
+
+def jobs_at_risk(cluster, nodes, now=None):
+    """{node id: JobsAtRisk}, each the scheduler's answer of at most JOBS_FRESH_FOR_S ago
+    (the cache), so a live Repair tab does not run squeue at every redraw. A scheduler that
+    did not answer for one node is not asked again for the next: each question would wait
+    out its own time limit; its error is kept as long as an answer would be."""
+    now = now or timezone.now()
+    keys = {node.pk: jobs_cache_key(cluster, node) for node in nodes}
+    cached = cache.get_many(list(keys.values()))
+    found = {node.pk: cached[keys[node.pk]] for node in nodes if keys[node.pk] in cached}
+    missing = [node for node in nodes if node.pk not in found]
+    if not missing:
+        return found
+    asked = ask_scheduler(cluster, missing, now)
+    cache.set_many({keys[node_id]: answer for node_id, answer in asked.items()},
+                   timeout=JOBS_FRESH_FOR_S)
+    return {**found, **asked}
+
+
+def ask_scheduler(cluster, nodes, now):
     try:
         scheduler = scheduler_for(cluster)
     except ExecutorError as error:
-        return {node.pk: JobsAtRisk(error=str(error)) for node in nodes}
+        return {node.pk: JobsAtRisk(node.name, error=str(error), read_at=now) for node in nodes}
     if isinstance(scheduler, NoScheduler):
-        return {node.pk: JobsAtRisk() for node in nodes}
+        return {node.pk: JobsAtRisk(node.name, read_at=now) for node in nodes}
     found, error = {}, ""
     for node in nodes:
         if not error:
             try:
-                found[node.pk] = JobsAtRisk(tuple(scheduler.running_jobs(node.name)),
-                                            scheduler.name)
+                found[node.pk] = JobsAtRisk(node.name, tuple(scheduler.running_jobs(node.name)),
+                                            scheduler.name, read_at=now)
                 continue
             except ExecutorError as exc:
                 error = str(exc)
-        found[node.pk] = JobsAtRisk(scheduler=scheduler.name, error=error)
+        found[node.pk] = JobsAtRisk(node.name, scheduler=scheduler.name, error=error,
+                                    read_at=now)
     return found
 
 
@@ -123,15 +199,27 @@ def node_histories(node_ids, exclude_ids, limit=NODE_HISTORY_LIMIT):
 
 def repair_cards(repairs):
     """Cards for repairs fetched through with_card_data(); proposed ones bring the jobs on
-    their nodes and their nodes' earlier repairs."""
+    their nodes, the blast radius after them and their nodes' earlier repairs."""
     repairs = list(repairs)
     proposed = [r for r in repairs if r.status == Status.PROPOSED]
     if not proposed:
         return [RepairCard(r) for r in repairs]
-    jobs = jobs_at_risk(proposed[0].cluster, [r.node for r in proposed])
+    cluster = proposed[0].cluster
+    jobs = jobs_at_risk(cluster, [r.node for r in proposed])
     histories = node_histories([r.node_id for r in proposed], [r.pk for r in repairs])
-    return [RepairCard(r, jobs[r.node_id], histories.get(r.node_id, []))
+    out = out_of_service(cluster)
+    return [RepairCard(r, jobs[r.node_id], histories.get(r.node_id, []),
+                       None if r.action in IN_SERVICE_ACTIONS else out.after(r.node_id))
             if r.status == Status.PROPOSED else RepairCard(r) for r in repairs]
+
+
+def proposed_card(repair, history=None):
+    """The card of one repair, with what a proposed one costs."""
+    if repair.status != Status.PROPOSED:
+        return RepairCard(repair, history=history)
+    radius = None if repair.action in IN_SERVICE_ACTIONS \
+        else out_of_service(repair.cluster).after(repair.node_id)
+    return RepairCard(repair, proposed_jobs(repair), history, radius)
 
 
 def finished_repairs(cluster):
@@ -143,7 +231,7 @@ def finished_repairs(cluster):
 def node_repairs_context(node, now=None):
     """The context of templates/repairs/_node_repairs.html (node page: nodes.views)."""
     open_repair = with_card_data(node.repairs.open()).first()
-    card = None if open_repair is None else RepairCard(open_repair, proposed_jobs(open_repair))
+    card = None if open_repair is None else proposed_card(open_repair)
     held_back_by = [] if open_repair else rejections_in_force(node, now or timezone.now())
     history = (node.repairs.filter(status__in=FINISHED_STATUSES)
                .select_related("cluster", "requested_by", "reviewed_by")

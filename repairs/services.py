@@ -246,15 +246,27 @@ def do_propose_repair(node: Node, *, action, actor: AbstractBaseUser, reason,
 
 
 @transaction.atomic
-def do_approve_repair(repair, *, actor: AbstractBaseUser, comment="",
-                      request: HttpRequest | None = None, now: datetime | None = None) -> Repair:
+def do_approve_repair(repair, *, actor: AbstractBaseUser, comment="", seen: dict | None = None,
+                      confirmed_unknown_jobs=False, request: HttpRequest | None = None,
+                      now: datetime | None = None) -> Repair:
     """Approve a proposed repair and start it (or let it wait for the blast-radius limit).
-    Two operators approving at once: one wins, the other gets Conflict."""
+    `seen`: what the card showed the approver about its cost (RepairCard.approval_record),
+    kept with the repair. When the scheduler could not be read, nobody knows which jobs it
+    stops: the approver must say so (confirmed_unknown_jobs), or it is refused. Two
+    operators approving at once: one wins, the other gets Conflict."""
     now = now or timezone.now()
+    seen = seen or {}
+    if seen.get("error") and not confirmed_unknown_jobs:
+        raise RepairRefused(f"the scheduler could not be read ({seen['error']}), so nobody "
+                            f"can say which jobs this repair stops: confirm to approve anyway")
     repair = transition(repair, Status.APPROVED, actor=actor, reason=comment or "approved",
-                        now=now, reviewed_by=actor, reviewed_at=now, review_comment=comment)
+                        now=now, reviewed_by=actor, reviewed_at=now, review_comment=comment,
+                        approval_view=seen)
+    changes = {"comment": comment}
+    if seen.get("error"):
+        changes["approved_without_knowing_the_jobs"] = seen["error"]
     record_audit(actor, "repair.approve", repair, cluster=repair.cluster, request=request,
-                 changes={"comment": comment}, now=now)
+                 changes=changes, now=now)
     return start_repair(repair, now=now)
 
 
@@ -311,21 +323,65 @@ def do_recommend_again(node: Node, *, actor: AbstractBaseUser,
     return refresh_recommendation(node, now=now)
 
 
-def blast_radius_verdict(repair):
-    """None when the repair may start now, else why it waits."""
-    cluster = repair.cluster
-    settings = settings_for(cluster)
+@dataclass(frozen=True)
+class BlastRadius:
+    """How many of the cluster's nodes are out of service (paused, or under a repair that
+    took them out) besides one node, and the cluster's limit."""
+
+    out: int
+    total: int
+    pct: int
+
+    @property
+    def limit(self):
+        return max(1, math.floor(self.total * self.pct / 100))
+
+    @property
+    def allows(self):
+        """Whether the node may go out too."""
+        return self.out + 1 <= self.limit
+
+    @property
+    def text(self):
+        """The card's line: the count once this repair has taken its node out."""
+        return (f"{self.out + 1} of {self.total} nodes out of service after it; limit "
+                f"{self.pct} % ({self.limit} node{'s' if self.limit != 1 else ''})")
+
+    @property
+    def verdict(self):
+        """None when the repair may start now, else why it waits."""
+        if self.allows:
+            return None
+        return (f"{self.out} of {self.total} nodes are out of service (paused or under "
+                f"repair); the limit is {self.pct} % ({self.limit} node"
+                f"{'s' if self.limit != 1 else ''})")
+
+
+@dataclass(frozen=True)
+class OutOfService:
+    node_ids: frozenset
+    total: int
+    pct: int
+
+    def after(self, node_id):
+        """The BlastRadius for taking node_id out."""
+        return BlastRadius(len(self.node_ids - {node_id}), self.total, self.pct)
+
+
+def out_of_service(cluster):
+    """The cluster's nodes out of service now: paused, or under a running repair that took
+    them out (a clean-up or a reconfigure leaves its node in)."""
     nodes = Node.objects.filter(cluster=cluster)
-    total = nodes.count()
-    limit = max(1, math.floor(total * settings.blast_radius_pct / 100))
     under_repair = (Repair.objects.filter(cluster=cluster, status=Status.RUNNING)
                     .exclude(action__in=IN_SERVICE_ACTIONS).values("node"))
-    out = (nodes.exclude(pk=repair.node_id)
-           .filter(Q(state=NodeState.PAUSED) | Q(pk__in=under_repair)).count())
-    if out + 1 <= limit:
-        return None
-    return (f"{out} of {total} nodes are out of service (paused or under repair); the limit "
-            f"is {settings.blast_radius_pct} % ({limit} node{'s' if limit != 1 else ''})")
+    out = nodes.filter(Q(state=NodeState.PAUSED) | Q(pk__in=under_repair))
+    return OutOfService(frozenset(out.values_list("pk", flat=True)), nodes.count(),
+                        settings_for(cluster).blast_radius_pct)
+
+
+def blast_radius_verdict(repair):
+    """None when the repair may start now, else why it waits."""
+    return out_of_service(repair.cluster).after(repair.node_id).verdict
 
 
 @transaction.atomic

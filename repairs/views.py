@@ -32,13 +32,12 @@ from .forms import (
 )
 from .models import Repair
 from .queries import (
-    RepairCard,
     finished_repairs,
     get_repair_for_user,
     node_histories,
     node_repairs_context,
     policy_rows,
-    proposed_jobs,
+    proposed_card,
     repair_cards,
     with_card_data,
 )
@@ -127,7 +126,7 @@ def history_csv(request, slug):
 def repair_detail(request, slug, public_id):
     repair = get_repair_for_user(request, slug, public_id)
     history = node_histories([repair.node_id], [repair.pk]).get(repair.node_id, [])
-    card = RepairCard(repair, jobs=proposed_jobs(repair), history=history)
+    card = proposed_card(repair, history)
     context = {"cluster": repair.cluster, "tab": "repair", "card": card,
                "transitions": repair.transitions.all(), "xids": catalog(),
                "back_url": request.htmx.current_url_abs_path}
@@ -164,21 +163,27 @@ def done_message(repair, verb):
 
 
 def act_on_repair(request, slug, public_id, service, wanted, verb):
-    """approve, reject, cancel: one service each, with the optional comment (and, to reject
-    or cancel, the snooze)."""
+    """approve, reject, cancel: one service each, with the optional comment; approving
+    records what the card showed, rejecting or cancelling the snooze."""
     repair = get_repair_for_user(request, slug, public_id)
     form = CommentForm(request.POST)
     if not form.is_valid():
         messages.error(request, " ".join(e for errors in form.errors.values() for e in errors))
+        return repair_response(request, slug, public_id)
+    if wanted == Status.APPROVED:
+        extra = {"seen": proposed_card(repair).approval_record(),
+                 "confirmed_unknown_jobs": form.cleaned_data["confirm_unknown_jobs"]}
     else:
-        extra = {} if wanted == Status.APPROVED else {"snooze": form.snooze_for()}
-        try:
-            moved = service(repair, actor=request.user, comment=form.cleaned_data["comment"],
-                            request=request, **extra)
-        except (Conflict, InvalidTransition):
-            messages.warning(request, already_message(repair, wanted))
-        else:
-            messages.success(request, done_message(moved, verb))
+        extra = {"snooze": form.snooze_for()}
+    try:
+        moved = service(repair, actor=request.user, comment=form.cleaned_data["comment"],
+                        request=request, **extra)
+    except (Conflict, InvalidTransition):
+        messages.warning(request, already_message(repair, wanted))
+    except RepairRefused as refused:
+        messages.error(request, f"Not {verb}: {refused}.")
+    else:
+        messages.success(request, done_message(moved, verb))
     return repair_response(request, slug, public_id)
 
 

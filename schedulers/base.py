@@ -15,13 +15,23 @@ class RetryLater(ExecutorError):
 
 @dataclass(frozen=True)
 class Job:
-    """A job (Slurm) or workload pod (Kubernetes) running on a node: what a repair hits."""
+    """A job (Slurm) or workload pod (Kubernetes) running on a node: what a repair hits.
+    gpus and nodes are the whole job's: a multi-node job loses all its nodes' progress."""
 
     id: str
     user: str
-    name: str = ""
+    name: str = ""  # Slurm: the job's name; Kubernetes: its owner ("Job/train-llama")
     gpus: int | None = None
     run_time_s: int | None = None
+    account: str = ""  # Slurm: the account; Kubernetes: the namespace
+    nodes: tuple = ()  # every node it runs on
+
+    @property
+    def gpu_hours(self):
+        """GPU-hours it has used so far, or None when its GPUs or run time are unknown."""
+        if self.gpus is None or self.run_time_s is None:
+            return None
+        return self.gpus * self.run_time_s / 3600
 
 
 @dataclass(frozen=True)

@@ -250,4 +250,6 @@ def _job(pod, now):
         name=f"{controller.kind}/{controller.name}" if controller else "",
         gpus=gpus,
         run_time_s=int((now - start_time).total_seconds()) if start_time else None,
+        account=pod.metadata.namespace,
+        nodes=(pod.spec.node_name,) if pod.spec.node_name else (),
     )

@@ -4,7 +4,7 @@ scontrol and squeue with a time limit on every call.
     scheduler = SlurmScheduler(slurm_conf="/etc/slurm/slurm.conf", timeout_s=15)
     scheduler.drain("gpu-001", "clusterui repair #12")
     scheduler.node("gpu-001")          # SchedulerNode(state="MIXED+DRAIN", drained=True, ...)
-    scheduler.running_jobs("gpu-001")  # [Job(id="41", user="alice", gpus=2, ...)]
+    scheduler.running_jobs("gpu-001")  # [Job(id="41", user="alice", gpus=12, nodes=(...))]
     scheduler.requeue(["41"])
     scheduler.resume("gpu-001")
 
@@ -29,7 +29,8 @@ _NODE_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
 _REASON_SUFFIX = re.compile(r"\s*\[[^\[\]]*@[^\[\]]*\]$")
 # squeue -O fields with "|" as their suffix and no width: printed whole, unpadded. The
 # job name comes last because it may itself hold "|".
-_SQUEUE_JOB_FORMAT = "JobID:|,UserName:|,TimeUsed:|,tres-alloc:|,Name:|"
+_SQUEUE_JOB_FORMAT = ("JobID:|,UserName:|,Account:|,TimeUsed:|,NumNodes:|,NodeList:|,"
+                      "tres-alloc:|,Name:|")
 # Job states from which `scontrol requeue` puts a job back to pending.
 _REQUEUEABLE = {"RUNNING", "SUSPENDED"}
 
@@ -95,20 +96,24 @@ def gpus_from_tres(tres):
     return untyped or typed
 
 
-def parse_squeue_jobs(output):
-    """Jobs from squeue output in _SQUEUE_JOB_FORMAT, one per line. GPUs are the whole
-    job's (tres-alloc), across all its nodes."""
+def parse_squeue_jobs(output, expand=lambda nodelist: (nodelist,)):
+    """Jobs from squeue output in _SQUEUE_JOB_FORMAT, one per line. GPUs and nodes are the
+    whole job's (tres-alloc, NodeList); expand(nodelist) turns Slurm's compressed node list
+    ("gpu-[001-003]") into names, for jobs on more than one node."""
     jobs = []
     for line in output.splitlines():
         if not line.strip():
             continue
-        job_id, user, run_time, tres, name = line.split("|", 4)
+        job_id, user, account, run_time, node_count, nodelist, tres, name = line.split("|", 7)
+        nodelist = nodelist.strip()
         jobs.append(Job(
             id=job_id.strip(),
             user=user.strip(),
             name=name.removesuffix("|"),
             gpus=gpus_from_tres(tres.strip()),
             run_time_s=parse_run_time(run_time),
+            account=account.strip(),
+            nodes=tuple(expand(nodelist)) if node_count.strip() != "1" else (nodelist,),
         ))
     return jobs
 
@@ -173,7 +178,11 @@ class SlurmScheduler:
     def running_jobs(self, node_name):
         output = self._run("squeue", "-h", "-w", node_name, "-t", "RUNNING",
                            "-O", _SQUEUE_JOB_FORMAT)
-        return parse_squeue_jobs(output)
+        return parse_squeue_jobs(output, expand=self.hostnames)
+
+    def hostnames(self, nodelist):
+        """Slurm's own expansion of a compressed node list: gpu-[001-003] -> 3 names."""
+        return self._run("scontrol", "show", "hostnames", nodelist).split()
 
     def _job_states(self, job_ids):
         """{job id: state} of those of job_ids that slurmctld still knows."""

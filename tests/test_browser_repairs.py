@@ -146,3 +146,68 @@ def test_a_recommendation_appears_live_and_one_click_approves_it(page, console):
     print(f"screenshot: {path}")
     assert not console.errors, str(console)
     assert_no_csp_violations(console)
+
+
+def test_the_card_lists_a_multi_node_job_once_with_its_nodes_and_records_what_was_approved(
+        page, console, slurm):
+    """Real Slurm: a 3-node job (gpu-001..003) and a 1-node job (gpu-003) run. An Xid 79 on
+    gpu-003 gives a card that lists the 3-node job once, with its 3 nodes, user, account,
+    GPUs, running since and GPU-hours, the 1-node job, and the blast radius line. Approving
+    records what the approver saw, and the repair's page shows it."""
+    from clusters.models import Cluster
+
+    cluster = ClusterFactory(name="slurm-h200", slug="slurm-h200")
+    Cluster.objects.filter(pk=cluster.pk).update(scheduler="slurm",
+                                                 scheduler_config=str(slurm.slurm_conf))
+    UserFactory(username="alice", role=Role.OPERATOR)
+    for name in ("gpu-001", "gpu-002", "gpu-004", "gpu-005", "gpu-006", "gpu-007",
+                 "gpu-008", "gpu-009", "gpu-010"):
+        NodeFactory(cluster=cluster, name=name)
+    node = NodeFactory(cluster=cluster, name="gpu-003")
+    slurm.add_user("kai", "research")
+    slurm.add_user("lena", "infra")
+    big = slurm.sbatch("sleep 600", user="kai", account="research", gres="gpu:4",
+                       name="llama-70b", nodelist="gpu-001,gpu-002,gpu-003",
+                       extra=["--nodes=3"])
+    small = slurm.sbatch("sleep 600", user="lena", account="infra", gres="gpu:2",
+                         name="eval", nodelist="gpu-003")
+    slurm.wait_job_state(big, "RUNNING")
+    slurm.wait_job_state(small, "RUNNING")
+    in_a_thread(open_xid_79, node)
+    repair = in_a_thread(refresh_recommendation, node)
+
+    page.goto(f"/c/{cluster.slug}/repair/")
+    sign_in(page, "alice", "password")
+    card = page.locator(f"#repair-{repair.public_id}")
+    expect(card).to_contain_text("2 jobs stop on 3 nodes (gpu-001, gpu-002, gpu-003)")
+    rows = card.locator("table.jobs tbody tr")
+    expect(rows).to_have_count(2)  # the 3-node job once
+    big_row = card.locator("table.jobs tbody tr", has_text="llama-70b")
+    for text in (big, "kai", "research", "12", "gpu-001, gpu-002", "(3 nodes)"):
+        expect(big_row).to_contain_text(text)
+    expect(card.locator("table.jobs tbody tr", has_text="eval")).to_contain_text("lena")
+    expect(card).to_contain_text(
+        "Blast radius: 1 of 10 nodes out of service after it; limit 10 % (1 node)")
+    expect(card).to_contain_text("Why: NVIDIA: restart the machine (RESTART_BM)")
+    screenshot(page, "repair-card-xid79-slurm")
+
+    card.get_by_role("button", name="Approve").click()
+    expect(page.locator("#messages")).to_contain_text(f"Repair #{repair.pk} approved")
+    stored = Repair.objects.get(pk=repair.pk)
+    seen = stored.approval_view
+    assert seen["scheduler"] == "slurm" and not seen["error"]
+    assert {job["id"]: job["nodes"] for job in seen["jobs"]} == {
+        big: ["gpu-001", "gpu-002", "gpu-003"], small: ["gpu-003"]}
+    assert {job["id"]: (job["user"], job["account"], job["gpus"]) for job in seen["jobs"]} == {
+        big: ("kai", "research", 12), small: ("lena", "infra", 2)}
+    assert seen["nodes_hit"] == ["gpu-001", "gpu-002", "gpu-003"]
+    assert seen["blast_radius"] == "1 of 10 nodes out of service after it; limit 10 % (1 node)"
+
+    page.goto(f"/c/{cluster.slug}/repair/{repair.public_id}/")
+    shown = page.locator(".approval-view")
+    expect(shown).to_contain_text("What alice saw when approving")
+    expect(shown).to_contain_text("llama-70b")
+    expect(shown).to_contain_text("gpu-001, gpu-002, gpu-003")
+    screenshot(page, "repair-approval-view")
+    assert not console.errors, str(console)
+    assert_no_csp_violations(console)

@@ -32,7 +32,7 @@ def test_the_tab_shows_the_catalog_and_gpuds_view(client_for, viewer, event):
     response = client_for(viewer).get(reverse("healthchecks:list", args=["prod-h200"]))
     text = response.text
     assert "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS" in text
-    assert "NVIDIA: RESTART_BM" in text and "gpud: REBOOT_SYSTEM, HARDWARE_INSPECTION" in text
+    assert "NVIDIA: restart the machine (RESTART_BM)" in text and "gpud: REBOOT_SYSTEM, HARDWARE_INSPECTION" in text
     assert "NVRM: Xid (PCI:0000:00:09): 79" in text
     assert "Acknowledge" not in text  # viewers see no actions
 

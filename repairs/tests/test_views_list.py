@@ -89,7 +89,7 @@ def test_a_recommendation_shows_its_evidence_history_and_buttons(client_for, ope
     assert "reboot in place; local data is kept" in section
     assert "Why: NVIDIA: restart the machine (RESTART_BM)" in section
     assert "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS" in section
-    assert "NVIDIA: RESTART_BM" in section and "gpud: REBOOT_SYSTEM, HARDWARE_INSPECTION" in section
+    assert "NVIDIA: restart the machine (RESTART_BM)" in section and "gpud: REBOOT_SYSTEM, HARDWARE_INSPECTION" in section
     assert "GPU has fallen off the bus." in section  # the kernel line
     assert f"#{earlier.pk} reboot" in section and "healthy again after the reboot" in section
     assert "gpu-099" not in section
@@ -122,8 +122,10 @@ def test_the_jobs_on_the_node_come_from_the_scheduler(client_for, operator, clus
     assert sorted(scheduler.asked) == ["gpu-017", "gpu-018"]
     first, second = text.split('id="repair-awaiting"')[1].split("<article")[1:3]
     assert "48213" in first and "alice" in first and "llama-pretrain" in first
-    assert ">64<" in first and "2 h 05 min" in first
-    assert "No jobs running on it (slurm)" in second
+    assert ">64<" in first and ">133.3<" in first  # GPU-hours: 64 GPUs for 2 h 05 min
+    assert "1 job stops on 1 node" in first
+    assert "Blast radius: 1 of 2 nodes out of service after it; limit 10 % (1 node)" in first
+    assert "No jobs running on gpu-018 (slurm" in second
 
 
 def test_a_scheduler_that_does_not_answer_is_said_and_asked_once(client_for, operator,
@@ -136,9 +138,11 @@ def test_a_scheduler_that_does_not_answer_is_said_and_asked_once(client_for, ope
     response = client_for(operator).get(url)
 
     assert response.status_code == 200
-    assert response.text.count("The scheduler did not answer: squeue: no answer within 15 s") == 2
+    assert response.text.count(
+        "The scheduler could not be read: squeue: no answer within 15 s") == 2
     assert len(scheduler.asked) == 1  # each question would wait out its own time limit
     assert ">Approve</button>" in response.text
+    assert response.text.count('name="confirm_unknown_jobs" required') == 2
 
 
 def test_a_scheduler_that_cannot_be_reached_at_all_is_said(client_for, operator, cluster, url):
@@ -147,7 +151,7 @@ def test_a_scheduler_that_cannot_be_reached_at_all_is_said(client_for, operator,
     recommend(cluster, "gpu-017")
     response = client_for(operator).get(url)
     assert response.status_code == 200
-    assert ("The scheduler did not answer: cannot load the Kubernetes configuration"
+    assert ("The scheduler could not be read: cannot load the Kubernetes configuration"
             in response.text)
 
 
@@ -253,8 +257,9 @@ def test_an_htmx_request_gets_the_history_and_the_sections_out_of_band(client_fo
 
 # Session, user, role, cluster; the awaiting repairs, their events and steps, their nodes'
 # earlier repairs; the running repairs, their events and steps; the history's count and
-# rows. (Which scheduler to ask for the jobs is the cluster's: no query of its own.)
-FRAGMENT_QUERIES = 13
+# rows; the blast radius (the cluster's repair settings, its node count, the nodes out of
+# service). (Which scheduler to ask for the jobs is the cluster's: no query of its own.)
+FRAGMENT_QUERIES = 16
 PAGE_QUERIES = FRAGMENT_QUERIES + 1  # the page also lists the clusters for the switcher
 
 

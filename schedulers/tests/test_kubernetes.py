@@ -516,15 +516,21 @@ def test_running_jobs_are_the_workload_pods_with_their_gpus_user_and_run_time(
         name="Job/train-7b",
         gpus=8,
         run_time_s=train.run_time_s,
+        account="research",
+        nodes=(NODE,),
     )
+    assert 15.9 < train.gpu_hours < 16.2  # 8 GPUs for two hours
     assert web == Job(
         id="serving/web-5d8f7-abcde",
         user="serving/web",
         name="ReplicaSet/web-5d8f7",
         gpus=0,
         run_time_s=web.run_time_s,
+        account="serving",
+        nodes=(NODE,),
     )
-    assert pending == Job(id="research/eval-0", user="research/default", gpus=1)
+    assert pending == Job(id="research/eval-0", user="research/default", gpus=1,
+                          account="research", nodes=(NODE,))
 
 
 def test_running_jobs_sums_the_gpu_limits_of_every_container(fake_api, scheduler):

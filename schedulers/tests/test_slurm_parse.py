@@ -55,16 +55,22 @@ def test_a_reason_without_slurms_suffix_stays_as_it_is():
 
 
 def test_it_reads_running_jobs_from_real_squeue_output():
+    # A 3-node job (4 GPUs on each) and a 1-node job, both on gpu-003.
     output = (FIXTURES / "squeue_running_jobs.txt").read_text()
+    expanded = []
 
-    assert parse_squeue_jobs(output) == [
-        # The job name holds a "|" of its own and comes last, so it stays whole.
-        Job(id="5", user="alice", name="train llama|7b", gpus=2, run_time_s=1),
-        Job(id="6", user="bob", name="wrap", gpus=3, run_time_s=1),
+    def expand(nodelist):
+        expanded.append(nodelist)
+        return ["gpu-001", "gpu-002", "gpu-003"]
+
+    assert parse_squeue_jobs(output, expand) == [
+        # The name holds "|" itself, and is read whole.
+        Job(id="1", user="alice", name="llama-70b pretrain|v2", gpus=12, run_time_s=2,
+            account="research", nodes=("gpu-001", "gpu-002", "gpu-003")),
+        Job(id="2", user="bob", name="eval", gpus=2, run_time_s=2, account="infra",
+            nodes=("gpu-003",)),
     ]
-
-
-def test_no_running_jobs_is_an_empty_list():
+    assert expanded == ["gpu-[001-003]"]  # only the multi-node job's list is expanded
     assert parse_squeue_jobs("") == []
 
 
