@@ -14,3 +14,10 @@ def get_cluster_for_user(request: HttpRequest, slug: str) -> Cluster:
     if not has_role(request.user, Role.VIEWER):
         raise Http404("No such cluster.")
     return get_object_or_404(Cluster, slug=slug)
+
+
+def clusters_for_user(user):
+    """The clusters `user` may read (what other clusters' history a page may show them)."""
+    if not has_role(user, Role.VIEWER):
+        return Cluster.objects.none()
+    return Cluster.objects.all()

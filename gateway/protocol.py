@@ -172,6 +172,7 @@ HELLO_GPU = {
     "index": (_integer_in(0, GPU_INDEX_MAX), True),
     "uuid": (_text(80, required=True), True),
     "name": (_text(96), False),
+    "serial": (_text(64), False),
     "pci_bus_id": (_text(32), False),
     "memory_total_bytes": (_integer, False),
 }

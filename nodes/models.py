@@ -113,6 +113,10 @@ class Gpu(models.Model):
     index = models.PositiveSmallIntegerField()
     uuid = models.CharField("UUID", max_length=80)
     name = models.CharField("model", max_length=96, blank=True)
+    serial = models.CharField(
+        max_length=64, blank=True, db_index=True,
+        help_text="the board's serial number (NVML): a GPU's history follows it across "
+                  "nodes and clusters; empty where none was read (then the UUID does)")
     pci_bus_id = models.CharField("PCI bus id", max_length=32, blank=True)
     memory_total_bytes = models.BigIntegerField(null=True, blank=True)
     missing_since = models.DateTimeField(

@@ -2,22 +2,23 @@
 repair cards with what they show (the jobs a repair would hit, the node's earlier repairs),
 in a fixed number of queries."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from uuid import UUID
 
 from django.core.cache import cache
-from django.db.models import F, Prefetch, Window
+from django.db.models import Count, F, Prefetch, Q, Window
 from django.db.models.functions import RowNumber
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
-from clusters.queries import get_cluster_for_user
+from clusters.queries import clusters_for_user, get_cluster_for_user
 from healthchecks.check_catalog import CHECKS
-from healthchecks.signatures import SIGNATURES
+from healthchecks.signatures import NOTICES, SIGNATURES
 from healthchecks.xid_catalog import catalog, policy_for
 from healthchecks.models import HealthEvent
+from nodes.models import Gpu
 from schedulers import ExecutorError, Job, NoScheduler, scheduler_for
 
 from .choices import ACTION_EXPLANATIONS, FINISHED_STATUSES, IN_SERVICE_ACTIONS, Status
@@ -104,12 +105,32 @@ class JobsAtRisk:
                 "nodes_hit": self.nodes_hit}
 
 
+HISTORY_DAYS = 90
+GPU_HISTORY_LIMIT = 10  # of each: events, repairs
+
+
+@dataclass(frozen=True)
+class GpuHistory:
+    """What happened to one GPU, followed by its serial (else its UUID) across nodes and the
+    clusters the reader may see, in the last HISTORY_DAYS."""
+
+    gpu: Gpu
+    events: list  # HealthEvents, newest first (the repair's own events left out)
+    repairs: list  # Repairs of it, newest first (the repair itself left out)
+
+    @property
+    def followed_by(self):
+        return f"serial {self.gpu.serial}" if self.gpu.serial else f"UUID {self.gpu.uuid}"
+
+
 @dataclass(frozen=True)
 class RepairCard:
     repair: Repair
     jobs: JobsAtRisk | None = None  # asked for proposed repairs only
     history: list | None = None  # the node's earlier repairs, newest first; None: not shown
     blast_radius: BlastRadius | None = None  # proposed repairs that take the node out
+    gpu_history: GpuHistory | None = None  # proposed repairs of one GPU
+    node_signals: list | None = None  # [(signature, how many)] on the node, 90 days
 
     @property
     def action_explanation(self):
@@ -197,29 +218,84 @@ def node_histories(node_ids, exclude_ids, limit=NODE_HISTORY_LIMIT):
     return histories
 
 
-def repair_cards(repairs):
-    """Cards for repairs fetched through with_card_data(); proposed ones bring the jobs on
-    their nodes, the blast radius after them and their nodes' earlier repairs."""
+def repair_cards(repairs, user, now=None):
+    """Cards for repairs fetched through with_card_data(); proposed ones bring what they
+    cost (the jobs on their nodes, the blast radius after them) and what was tried (their
+    nodes' earlier repairs and signals, their GPU's history where `user` may see it)."""
+    now = now or timezone.now()
     repairs = list(repairs)
     proposed = [r for r in repairs if r.status == Status.PROPOSED]
     if not proposed:
         return [RepairCard(r) for r in repairs]
     cluster = proposed[0].cluster
-    jobs = jobs_at_risk(cluster, [r.node for r in proposed])
+    jobs = jobs_at_risk(cluster, [r.node for r in proposed], now)
     histories = node_histories([r.node_id for r in proposed], [r.pk for r in repairs])
     out = out_of_service(cluster)
+    gpus = gpu_histories(proposed, clusters_for_user(user), now)
+    signals = node_signals([r.node_id for r in proposed], now)
     return [RepairCard(r, jobs[r.node_id], histories.get(r.node_id, []),
-                       None if r.action in IN_SERVICE_ACTIONS else out.after(r.node_id))
+                       None if r.action in IN_SERVICE_ACTIONS else out.after(r.node_id),
+                       gpus.get(r.pk), signals.get(r.node_id, []))
             if r.status == Status.PROPOSED else RepairCard(r) for r in repairs]
 
 
-def proposed_card(repair, history=None):
-    """The card of one repair, with what a proposed one costs."""
+def proposed_card(repair, user=None, history=None):
+    """The card of one repair, with what a proposed one costs (and, for a reader `user`,
+    what was tried)."""
     if repair.status != Status.PROPOSED:
         return RepairCard(repair, history=history)
-    radius = None if repair.action in IN_SERVICE_ACTIONS \
-        else out_of_service(repair.cluster).after(repair.node_id)
-    return RepairCard(repair, proposed_jobs(repair), history, radius)
+    if user is None:  # what approving costs only (recorded with an approval)
+        radius = None if repair.action in IN_SERVICE_ACTIONS \
+            else out_of_service(repair.cluster).after(repair.node_id)
+        return RepairCard(repair, proposed_jobs(repair), history, radius)
+    card = repair_cards([repair], user)[0]
+    return card if history is None else replace(card, history=history)
+
+
+def gpu_histories(repairs, clusters, now):
+    """{repair id: GpuHistory} for repairs of one GPU: the events and repairs of that GPU
+    (by serial, else UUID) on any node of `clusters` in the last HISTORY_DAYS. A fixed
+    number of queries for any number of repairs."""
+    with_gpu = [r for r in repairs if r.gpu is not None]
+    if not with_gpu:
+        return {}
+    serials = {r.gpu.serial for r in with_gpu if r.gpu.serial}
+    uuids = {r.gpu.uuid for r in with_gpu if not r.gpu.serial}
+    same = (Gpu.objects.filter(node__cluster__in=clusters)
+            .filter(Q(serial__in=serials) | Q(uuid__in=uuids)).values_list("pk", "serial", "uuid"))
+    rows_of = {}
+    for pk, serial, uuid in same:
+        rows_of.setdefault(serial or uuid, set()).add(pk)
+    since = now - timedelta(days=HISTORY_DAYS)
+    own_events = {e.pk for r in with_gpu for e in r.events.all()}
+    all_rows = set().union(*rows_of.values()) if rows_of else set()
+    events = list(HealthEvent.objects.filter(gpu_id__in=all_rows, first_seen__gte=since)
+                  .exclude(pk__in=own_events).select_related("node__cluster", "gpu")
+                  .order_by("-first_seen", "-id"))
+    earlier = list(Repair.objects.filter(gpu_id__in=all_rows, requested_at__gte=since)
+                   .exclude(pk__in=[r.pk for r in with_gpu]).select_related("node", "cluster")
+                   .order_by("-requested_at", "-id"))
+    histories = {}
+    for repair in with_gpu:
+        rows = rows_of.get(repair.gpu.serial or repair.gpu.uuid, {repair.gpu_id})
+        histories[repair.pk] = GpuHistory(
+            repair.gpu,
+            [e for e in events if e.gpu_id in rows][:GPU_HISTORY_LIMIT],
+            [r for r in earlier if r.gpu_id in rows][:GPU_HISTORY_LIMIT])
+    return histories
+
+
+def node_signals(node_ids, now):
+    """{node id: [(signature, events)]}: what each node signalled in the last HISTORY_DAYS,
+    most first, in one query (notices left out)."""
+    rows = (HealthEvent.objects.filter(node_id__in=node_ids,
+                                       first_seen__gte=now - timedelta(days=HISTORY_DAYS))
+            .exclude(signature__in=NOTICES).values("node_id", "signature")
+            .annotate(events=Count("id")).order_by("node_id", "-events", "signature"))
+    signals = {}
+    for row in rows:
+        signals.setdefault(row["node_id"], []).append((row["signature"], row["events"]))
+    return signals
 
 
 def finished_repairs(cluster):
@@ -228,10 +304,10 @@ def finished_repairs(cluster):
             .order_by(F("finished_at").desc(nulls_last=True), "-requested_at", "-id"))
 
 
-def node_repairs_context(node, now=None):
+def node_repairs_context(node, user, now=None):
     """The context of templates/repairs/_node_repairs.html (node page: nodes.views)."""
     open_repair = with_card_data(node.repairs.open()).first()
-    card = None if open_repair is None else proposed_card(open_repair)
+    card = None if open_repair is None else proposed_card(open_repair, user)
     held_back_by = [] if open_repair else rejections_in_force(node, now or timezone.now())
     history = (node.repairs.filter(status__in=FINISHED_STATUSES)
                .select_related("cluster", "requested_by", "reviewed_by")

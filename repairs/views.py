@@ -69,9 +69,9 @@ def tab_context(request, cluster):
     return {
         "cluster": cluster, "tab": "repair", "filter": history_filter,
         "awaiting": repair_cards(open_repairs.filter(status=Status.PROPOSED)
-                                 .order_by("requested_at", "id")),
+                                 .order_by("requested_at", "id"), request.user),
         "running": repair_cards(open_repairs.exclude(status=Status.PROPOSED)
-                                .order_by("reviewed_at", "requested_at", "id")),
+                                .order_by("reviewed_at", "requested_at", "id"), request.user),
         "history": Paginator(matching, HISTORY_PAGE_SIZE).get_page(request.GET.get("page")),
         "xids": catalog(), "back_url": request.htmx.current_url_abs_path,
     }
@@ -126,7 +126,7 @@ def history_csv(request, slug):
 def repair_detail(request, slug, public_id):
     repair = get_repair_for_user(request, slug, public_id)
     history = node_histories([repair.node_id], [repair.pk]).get(repair.node_id, [])
-    card = proposed_card(repair, history)
+    card = proposed_card(repair, request.user, history)
     context = {"cluster": repair.cluster, "tab": "repair", "card": card,
                "transitions": repair.transitions.all(), "xids": catalog(),
                "back_url": request.htmx.current_url_abs_path}
@@ -195,7 +195,7 @@ def repair_response(request, slug, public_id):
         return redirect(safe_next(request, request.POST.get("next", ""),
                                   repair.get_absolute_url()))
     response = render(request, "repairs/_repair_response.html",
-                      {"cluster": repair.cluster, "card": repair_cards([repair])[0],
+                      {"cluster": repair.cluster, "card": repair_cards([repair], request.user)[0],
                        "xids": catalog(), "back_url": request.htmx.current_url_abs_path})
     return trigger_client_event(response, "repair-changed")
 
@@ -253,7 +253,7 @@ def node_repairs(request, slug, name):
     """The node page's Repair section alone: what static/js/repairs.js re-fetches."""
     node = get_node_for_user(request, slug, name)
     return render(request, "repairs/_node_repairs.html",
-                  {"cluster": node.cluster, "node": node, **node_repairs_context(node),
+                  {"cluster": node.cluster, "node": node, **node_repairs_context(node, request.user),
                    "back_url": request.htmx.current_url_abs_path})
 
 
@@ -297,7 +297,7 @@ def node_repairs_response(request, node):
     if not request.htmx:
         return redirect("nodes:detail", node.cluster.slug, node.name)
     response = render(request, "repairs/_node_repairs_response.html",
-                      {"cluster": node.cluster, "node": node, **node_repairs_context(node),
+                      {"cluster": node.cluster, "node": node, **node_repairs_context(node, request.user),
                        "back_url": request.htmx.current_url_abs_path})
     return trigger_client_event(response, "repair-changed")
 

@@ -218,9 +218,20 @@ def _describe_gpu(nvml, index, handle):
         "index": index,
         "uuid": _text(nvml.nvmlDeviceGetUUID(handle)),
         "name": _text(nvml.nvmlDeviceGetName(handle)),
+        "serial": _serial(nvml, handle),
         "pci_bus_id": _text(nvml.nvmlDeviceGetPciInfo(handle).busId),
         "memory_total_bytes": nvml.nvmlDeviceGetMemoryInfo(handle).total,
     }
+
+
+def _serial(nvml, handle):
+    """The board's serial number (nvmlDeviceGetSerial), or None where the GPU has none or
+    NVML cannot read it (PROTOCOL.md: the server then follows the GPU by its UUID)."""
+    try:
+        serial = _text(nvml.nvmlDeviceGetSerial(handle)).strip()
+    except nvml.NVMLError:
+        return None
+    return serial or None
 
 
 def _text(value):

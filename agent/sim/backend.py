@@ -43,6 +43,13 @@ def simulated_gpu_uuid(node_name, index):
     return f"GPU-{uuid.uuid5(_GPU_UUID_NAMESPACE, f'{node_name}/{index}')}"
 
 
+def simulated_gpu_serial(node_name, index):
+    """A 13-digit board serial in the real H200's pattern (1654124008485), the same for a
+    simulated GPU at every start."""
+    number = uuid.uuid5(_GPU_UUID_NAMESPACE, f"serial/{node_name}/{index}").int % 10**8
+    return f"16541{number:08d}"
+
+
 def kernel_pci_address(pci_bus_id):
     """NVML's "00000000:00:0B.0" as an Xid line writes it: "0000:00:0b"."""
     domain, bus, device_function = pci_bus_id.split(":")
@@ -62,6 +69,7 @@ class SimulatedBackend:
                 "index": index,
                 "uuid": simulated_gpu_uuid(node_name, index),
                 "name": device["name"],
+                "serial": simulated_gpu_serial(node_name, index),
                 # The H200 the trace comes from sits at 00000000:00:06.0 (a VM); the
                 # simulated ones follow it on the same bus.
                 "pci_bus_id": f"00000000:00:{6 + index:02X}.0",

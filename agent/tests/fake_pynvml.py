@@ -136,6 +136,13 @@ class FakeNvml:
         self._check(handle, "nvmlDeviceGetUUID")
         return self.uuid(handle.index)
 
+    def nvmlDeviceGetSerial(self, handle):
+        # GPU 0's is the real H200's (nvidia-smi -q: "Serial Number : 1654124008485"); the
+        # serials of further fake GPUs were never captured and only follow its pattern.
+        self._check(handle, "nvmlDeviceGetSerial")
+        real = self.device["serial"]
+        return real if handle.index == 0 else f"{real[:-2]}{handle.index:02d}"
+
     def nvmlDeviceGetName(self, handle):
         self._check(handle, "nvmlDeviceGetName")
         return self.device["name"]

@@ -37,10 +37,11 @@ def do_record_hello(node: Node, *, boot_id, agent_version="", gpus=(), slurm=Non
     """A hello from the node's agent: it is connected; a new boot_id means it rebooted.
     `slurm` is the hello's {"state", "reason"} (None: the node runs no Slurm).
 
-    `gpus` is the hello's list of {index, uuid, name, pci_bus_id, memory_total_bytes}. It is
-    kept on the node; new GPUs join the inventory, and a GPU of the inventory missing from
-    it opens gpu_lost (healthchecks.gpu_lost.do_judge_inventory, which the caller runs
-    after this).
+    `gpus` is the hello's list of {index, uuid, name, serial, pci_bus_id,
+    memory_total_bytes}. It is kept on the node; new GPUs join the inventory, and a GPU of
+    the inventory missing from it opens gpu_lost (healthchecks.gpu_lost.do_judge_inventory,
+    which the caller runs after this). A GPU's serial is recorded as the hello says it: a
+    board's serial is a fact of the board, not an inventory change to accept.
     """
     now = now or timezone.now()
     node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
@@ -55,7 +56,7 @@ def do_record_hello(node: Node, *, boot_id, agent_version="", gpus=(), slurm=Non
         slurm_state=((slurm or {}).get("state") or "")[:64],
         **({"booted_at": now} if rebooted else {}),
     )
-    _add_new_gpus(node, hello)
+    _add_new_gpus(node, hello, {gpu["uuid"]: gpu.get("serial") or "" for gpu in gpus})
     if not rebooted:
         reason = "agent reconnected"
     else:
@@ -65,11 +66,16 @@ def do_record_hello(node: Node, *, boot_id, agent_version="", gpus=(), slurm=Non
     return node
 
 
-def _add_new_gpus(node, hello):
+def _add_new_gpus(node, hello, serials):
     """A hello's GPUs the inventory lacks join it at a free index (one that left it earlier
     rejoins with its row); one at an index another GPU holds (a replaced GPU) waits for a
-    repair's verify step or an operator to accept it (do_accept_gpu_inventory)."""
+    repair's verify step or an operator to accept it (do_accept_gpu_inventory). serials:
+    {uuid: board serial, "" where none was read}, kept on each known row."""
     rows = list(node.gpus.all())
+    for gpu in rows:
+        serial = serials.get(gpu.uuid, "")
+        if serial and serial != gpu.serial:
+            Gpu.objects.filter(pk=gpu.pk).update(serial=serial)
     in_inventory = {gpu.uuid for gpu in rows if gpu.removed_at is None}
     taken = {gpu.index for gpu in rows if gpu.removed_at is None}
     left = {gpu.uuid: gpu for gpu in rows if gpu.removed_at is not None}
@@ -83,7 +89,7 @@ def _add_new_gpus(node, hello):
             Gpu.objects.filter(pk=left[gpu["uuid"]].pk).update(
                 **gpu, removed_at=None, missing_since=None)
         else:
-            joining.append(Gpu(node=node, **gpu))
+            joining.append(Gpu(node=node, serial=serials.get(gpu["uuid"], ""), **gpu))
     Gpu.objects.bulk_create(joining)
 
 

@@ -10,4 +10,4 @@ register = template.Library()
 
 @register.inclusion_tag("repairs/_node_repairs.html", takes_context=True)
 def node_repair_card(context, node):
-    return {**context.flatten(), **node_repairs_context(node)}
+    return {**context.flatten(), **node_repairs_context(node, context["request"].user)}

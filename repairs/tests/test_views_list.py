@@ -258,8 +258,9 @@ def test_an_htmx_request_gets_the_history_and_the_sections_out_of_band(client_fo
 # Session, user, role, cluster; the awaiting repairs, their events and steps, their nodes'
 # earlier repairs; the running repairs, their events and steps; the history's count and
 # rows; the blast radius (the cluster's repair settings, its node count, the nodes out of
-# service). (Which scheduler to ask for the jobs is the cluster's: no query of its own.)
-FRAGMENT_QUERIES = 16
+# service); what was tried (the same GPUs by serial, their events and repairs, the nodes'
+# signals). (Which scheduler to ask for the jobs is the cluster's: no query of its own.)
+FRAGMENT_QUERIES = 20
 PAGE_QUERIES = FRAGMENT_QUERIES + 1  # the page also lists the clusters for the switcher
 
 
