@@ -52,9 +52,15 @@ class RepairSettingsForm(forms.ModelForm):
     class Meta:
         model = RepairSettings
         fields = ["provider", "blast_radius_pct",
-                  "drain_grace_s", "boot_timeout_s"]
+                  "drain_grace_s", "boot_timeout_s", "window_mode", "window_action",
+                  "xid_window_count", "xid_window_hours", "repair_window_count",
+                  "repair_window_days"]
         labels = {"blast_radius_pct": "Blast radius (% of the cluster's nodes)",
-                  "drain_grace_s": "Drain grace (s)", "boot_timeout_s": "Boot timeout (s)"}
+                  "drain_grace_s": "Drain grace (s)", "boot_timeout_s": "Boot timeout (s)",
+                  "window_mode": "Count windows", "window_action": "A tripped window recommends",
+                  "xid_window_count": "Fatal Xids on one GPU", "xid_window_hours": "in hours",
+                  "repair_window_count": "Repairs of one node",
+                  "repair_window_days": "in days"}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

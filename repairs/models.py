@@ -36,6 +36,32 @@ class RepairSettings(models.Model):
     boot_timeout_s = models.PositiveIntegerField(
         default=1800, help_text="How long a repair waits for the node to come back.")
 
+    # Count windows (DESIGN.md "Repairs"): the same fault again and again raises the action.
+    class WindowMode(models.TextChoices):
+        ACT = "act", "act: raise the recommendation"
+        RECORD_ONLY = "record_only", "record only: say what it would have recommended"
+        OFF = "off", "off"
+
+    window_mode = models.CharField(max_length=16, choices=WindowMode.choices,
+                                   default=WindowMode.ACT)
+    window_action = models.CharField(
+        max_length=16, choices=[("reprovision", "reprovision"), ("failover", "failover"),
+                                ("remove", "remove")], default="remove",
+        help_text="What a tripped count window recommends (it only ever raises the action).")
+    xid_window_count = models.PositiveSmallIntegerField(
+        default=5, validators=[MinValueValidator(2)],
+        help_text="Fatal Xids on one GPU (each event the agent sends; a coalesced burst is "
+                  "one) that trip the GPU's window...")
+    xid_window_hours = models.PositiveSmallIntegerField(
+        default=24, validators=[MinValueValidator(1), MaxValueValidator(720)],
+        help_text="...within this many hours.")
+    repair_window_count = models.PositiveSmallIntegerField(
+        default=5, validators=[MinValueValidator(2)],
+        help_text="Repairs that took one node out of service that trip the node's window...")
+    repair_window_days = models.PositiveSmallIntegerField(
+        default=7, validators=[MinValueValidator(1), MaxValueValidator(90)],
+        help_text="...within this many days.")
+
     def __str__(self):
         return f"repair settings of {self.cluster}"
 
@@ -104,6 +130,9 @@ class Repair(models.Model):
                   "rejected or cancelled one that something new broke through")
     follows_why = models.CharField(max_length=500, blank=True,
                                    help_text="what is new since `follows`, in words")
+    would_have = models.CharField(
+        max_length=500, blank=True,
+        help_text="a count window in record-only mode: what it would have recommended")
     approval_view = models.JSONField(
         default=dict, blank=True,
         help_text="what the card showed the person who approved it: the jobs at risk (or why "

@@ -10,14 +10,22 @@ THROTTLE_PERSISTS.
 A ladder climbs within its own list: when a repair of the same signature on the node ran
 within ESCALATION_WINDOW and the signal is still there (still open, or back), the next rung
 is chosen, and the choice names the repair it follows.
+
+Count windows (the cluster's RepairSettings) can only raise the action, and only for faults
+that take the node out: N fatal Xids on one GPU within hours, or N repairs of the node
+within days. An occurrence is an event frame the agent sent (its receipt): a burst the agent
+coalesced into one frame is one, and Xids that call for no repair (an application's fault)
+never count, so a storm of a benign Xid never trips a window. In record-only mode a tripped
+window changes nothing and the recommendation says what it would have been.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from common.durations import duration_text
 from healthchecks.signatures import info_for
 from healthchecks.xid_catalog import policy_for, why_sentence, xid_code
+from nodes.models import AgentEventReceipt
 
 from .choices import ACTION_EXPLANATIONS, IN_SERVICE_ACTIONS, cost
 from .models import Repair
@@ -42,6 +50,7 @@ class Choice:
     ladder: tuple = ()
     follows: Repair | None = None  # the lighter repair that did not fix it
     follows_why: str = ""  # what became of that one, in words
+    would_have: str = ""  # a record-only count window: what it would have recommended
 
 
 def default_ladder(signature, gpu_model=""):
@@ -112,6 +121,45 @@ def escalate(node, event, choice, now):
     return Choice(stronger, f"{what}: the next rung is {stronger}, "
                             f"{ACTION_EXPLANATIONS[stronger]}.",
                   choice.ladder, follows=last, follows_why=what)
+
+
+def tripped_window(node, event, settings, now):
+    """Why a count window of the cluster's settings trips for this event, or ""."""
+    if event.gpu_id is not None and xid_code(event.signature) is not None:
+        since = now - timedelta(hours=settings.xid_window_hours)
+        signatures = AgentEventReceipt.objects.filter(
+            health_event__gpu_id=event.gpu_id, health_event__signature__startswith="xid:",
+            received_at__gte=since).values_list("health_event__signature", flat=True)
+        model = event.gpu.name
+        fatal = sum(1 for signature in signatures
+                    if policy_for(xid_code(signature), model).recommendation)
+        if fatal >= settings.xid_window_count:
+            return (f"{fatal} fatal Xids on GPU {event.gpu.index} in "
+                    f"{settings.xid_window_hours} h (the window trips at "
+                    f"{settings.xid_window_count})")
+    repairs = (Repair.objects.filter(node=node, started_at__gte=now - timedelta(
+        days=settings.repair_window_days)).exclude(action__in=IN_SERVICE_ACTIONS).count())
+    if repairs >= settings.repair_window_count:
+        return (f"{repairs} repairs of {node.name} in {settings.repair_window_days} days (the "
+                f"window trips at {settings.repair_window_count})")
+    return ""
+
+
+def apply_windows(node, event, choice, settings, now):
+    """The choice, raised (or, record-only, annotated) by a tripped count window. Faults
+    whose ladder keeps the node in service (a clean-up) are left alone."""
+    if settings.window_mode == settings.WindowMode.OFF:
+        return choice
+    if all(action in IN_SERVICE_ACTIONS for action in choice.ladder):
+        return choice
+    why = tripped_window(node, event, settings, now)
+    action = settings.window_action
+    if not why or cost(action) <= cost(choice.action):
+        return choice
+    if settings.window_mode == settings.WindowMode.RECORD_ONLY:
+        return replace(choice, would_have=f"would have recommended {action}: {why}")
+    return Choice(action, f"{why}: {action}, {ACTION_EXPLANATIONS[action]}.", choice.ladder,
+                  choice.follows, choice.follows_why)
 
 
 def in_cooldown(node, now):

@@ -2,7 +2,7 @@
 repair cards with what they show (the jobs a repair would hit, the node's earlier repairs),
 in a fixed number of queries."""
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
 from uuid import UUID
 
@@ -319,24 +319,66 @@ def node_repairs_context(node, user, now=None):
 # The Repair settings page's policy table.
 
 
+STATS_DAYS = 30
+APPROVED = (Status.APPROVED, Status.WAITING, Status.RUNNING, Status.SUCCEEDED, Status.FAILED,
+            Status.ABORTED)
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """How operators decided a signature's recommendations of the last STATS_DAYS: the
+    evidence an admin reads before turning on auto-approve."""
+
+    made: int = 0
+    approved: int = 0  # by a person
+    auto_approved: int = 0
+    rejected: int = 0
+    cancelled: int = 0
+    resolved: int = 0  # its events closed before anyone acted
+    superseded: int = 0
+    pending: int = 0
+
+
+def decisions_by_signature(cluster, now):
+    """{signature: Decisions} of the system's recommendations on the cluster in the last
+    STATS_DAYS, in one query."""
+    rows = (Repair.objects.filter(cluster=cluster, requested_by__isnull=True,
+                                  requested_at__gte=now - timedelta(days=STATS_DAYS))
+            .values("signature", "status", "auto_approved").annotate(n=Count("id")))
+    counts = {}
+    for row in rows:
+        tally = counts.setdefault(row["signature"], {f.name: 0 for f in fields(Decisions)})
+        tally["made"] += row["n"]
+        if row["status"] in APPROVED:
+            tally["auto_approved" if row["auto_approved"] else "approved"] += row["n"]
+        elif row["status"] == Status.PROPOSED:
+            tally["pending"] += row["n"]
+        else:
+            tally[row["status"]] += row["n"]
+    return {signature: Decisions(**tally) for signature, tally in counts.items()}
+
+
 @dataclass(frozen=True)
 class PolicyRow:
     signature: str
     default: Ladder
     override: RepairPolicy | None
+    decisions: Decisions
 
 
-def policy_rows(cluster):
+def policy_rows(cluster, now=None):
     """The policy table: every signature of the catalog with a default ladder, the checks,
     the Xids with one for the cluster's GPU type, then the other signatures the cluster has
     a row for; each with its default ladder and why, so an admin sees what a row
-    overrides."""
+    overrides, and how operators decided its recommendations of the last 30 days."""
+    now = now or timezone.now()
     overrides = {p.signature: p for p in cluster.repair_policies.select_related("updated_by")}
     signatures = [*(name for name, info in SIGNATURES.items() if info.ladder),
                   *(f"check:{name}" for name in CHECKS),
                   *(f"xid:{code}" for code in sorted(catalog())
                     if policy_for(code, cluster.gpu_type).recommendation)]
     signatures += sorted(set(overrides) - set(signatures))
+    decisions = decisions_by_signature(cluster, now)
     return [PolicyRow(signature, default_ladder(signature, cluster.gpu_type),
-                      overrides.get(signature))
+                      overrides.get(signature), decisions.get(signature, Decisions()))
             for signature in signatures if "<" not in signature]

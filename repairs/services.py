@@ -29,7 +29,7 @@ from .choices import (AGENT_ACTIONS, IN_SERVICE_ACTIONS, STEPS, Status, StepKind
                       cost)
 from .announcements import announce_repair_change
 from .models import Repair, RepairPolicy, RepairSettings, RepairStep
-from .policy import Choice, choose_action, escalate, in_cooldown
+from .policy import Choice, apply_windows, choose_action, escalate, in_cooldown
 from .rejections import holds_back, rejections_in_force, what_is_new
 from .transitions import Conflict, transition
 
@@ -67,6 +67,7 @@ def recommendation_for(node, now):
     policies = {p.signature: p for p in
                 RepairPolicy.objects.filter(cluster=node.cluster).select_related("updated_by")}
     events = open_problem_events(node, now)
+    settings = settings_for(node.cluster)
     best, driving = None, []
     for event in events:
         choice = choose_action(event, policies, now)
@@ -74,6 +75,7 @@ def recommendation_for(node, now):
             continue
         driving.append(event)
         choice = escalate(node, event, choice, now)
+        choice = apply_windows(node, event, choice, settings, now)
         if best is None or cost(choice.action) > cost(best[0].action):
             best = (choice, event)
     if best is None:
@@ -111,6 +113,8 @@ def refresh_recommendation(node, now=None):
     choice = found.choice
     if current is not None and cost(choice.action) <= cost(current.action):
         current.events.add(*found.events)
+        if choice.would_have and choice.would_have != current.would_have:
+            Repair.objects.filter(pk=current.pk).update(would_have=choice.would_have[:500])
         return current
     follows, follows_why = choice.follows, choice.follows_why
     if current is None:
@@ -126,7 +130,8 @@ def refresh_recommendation(node, now=None):
     repair = Repair.objects.create(
         cluster=node.cluster, node=node, gpu=found.event.gpu, action=choice.action,
         signature=found.event.signature, reason=choice.why, requested_at=now,
-        boot_id_before=node.boot_id, follows=follows, follows_why=follows_why[:500])
+        boot_id_before=node.boot_id, follows=follows, follows_why=follows_why[:500],
+        would_have=choice.would_have[:500])
     repair.events.add(*found.events)
     if current is not None:
         Repair.objects.filter(pk=current.pk).update(superseded_by=repair)
@@ -474,7 +479,9 @@ def due_steps(now=None):
 # Settings and policy: admins' changes, each audited.
 
 SETTINGS_FIELDS = ("provider", "provider_commands",
-                   "blast_radius_pct", "drain_grace_s", "boot_timeout_s")
+                   "blast_radius_pct", "drain_grace_s", "boot_timeout_s", "window_mode",
+                   "window_action", "xid_window_count", "xid_window_hours",
+                   "repair_window_count", "repair_window_days")
 
 
 @transaction.atomic

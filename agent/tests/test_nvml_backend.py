@@ -41,10 +41,16 @@ def test_hello_facts_are_the_real_h200s(open_backend):
             "index": 0,
             "uuid": H200_UUID,
             "name": "NVIDIA H200",
+            "serial": "1654124008485",  # nvidia-smi -q on that H200: "Serial Number"
             "pci_bus_id": "00000000:00:06.0",
             "memory_total_bytes": 150754820096,
         }
     ]
+
+
+def test_a_gpu_without_a_readable_serial_says_none(open_backend):
+    backend = open_backend(FakeNvml(not_supported={"nvmlDeviceGetSerial"}))
+    assert backend.gpus()[0]["serial"] is None
 
 
 def test_idle_sample_is_the_snapshots_dynamic_block(open_backend):

@@ -12,7 +12,9 @@ pytestmark = pytest.mark.django_db
 VALID = {"provider": "command", "blast_radius_pct": "20", "drain_grace_s": "300",
          "boot_timeout_s": "1200",
          "reprovision_command": "maas admin machine deploy {hostname}",
-         "failover_command": "", "remove_command": "ipmitool -H {hostname}-bmc chassis power off"}
+         "failover_command": "", "remove_command": "ipmitool -H {hostname}-bmc chassis power off",
+         "window_mode": "record_only", "window_action": "remove", "xid_window_count": 5,
+         "xid_window_hours": 24, "repair_window_count": 5, "repair_window_days": 7}
 
 
 @pytest.fixture
@@ -70,6 +72,7 @@ def test_viewers_read_the_settings_without_the_commands(client_for, admin, viewe
     text = client_for(viewer).get(url).text
     assert "Slurm" in text and "/etc/slurm/slurm.conf" in text and "20 %" in text
     assert "reprovision: configured" in text
+    assert "record only" in text and "5 fatal Xids on one GPU within 24 h" in text
     assert 'failover: <span class="muted">not configured' in text
     assert "maas admin" not in text and "ipmitool" not in text  # they may hold credentials
     assert 'name="scheduler"' not in text and 'name="action"' not in text
@@ -155,3 +158,25 @@ def test_the_policy_endpoint_refuses_get(client_for, admin, policy_url):
 def test_the_settings_page_warns_about_auto_approve(client_for, admin, url):
     text = client_for(admin).get(url).text
     assert "Auto-approve is off unless turned on here" in text
+
+
+def test_the_policy_table_shows_how_operators_decided_each_signature(client_for, viewer,
+                                                                   cluster, url, operator):
+    from repairs.choices import Status
+    from repairs.tests.factories import RepairFactory
+
+    for status, auto in ((Status.SUCCEEDED, False), (Status.SUCCEEDED, True),
+                         (Status.REJECTED, False), (Status.REJECTED, False),
+                         (Status.RESOLVED, False), (Status.PROPOSED, False)):
+        RepairFactory(node__cluster=cluster, signature="xid:79", status=status,
+                      auto_approved=auto)
+    RepairFactory(node__cluster=cluster, signature="xid:79", status=Status.REJECTED,
+                  requested_by=operator)  # proposed by a person: not the system's
+    rows = rows_by_signature(client_for(viewer).get(url))
+    decided = rows["xid:79"].decisions
+    assert (decided.made, decided.approved, decided.auto_approved, decided.rejected,
+            decided.resolved, decided.pending) == (6, 1, 1, 2, 1, 1)
+    assert rows["gpu_lost"].decisions.made == 0
+    page = client_for(viewer).get(url).text
+    assert ("6 recommended: 1 approved, 1 auto-approved, 2 rejected, 1 resolved by "
+            "themselves, 1 pending") in page
