@@ -8,6 +8,7 @@ says apply to the GPU's model; elsewhere they are a warning without a repair.
 """
 
 import csv
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -196,3 +197,43 @@ def why_sentence(code, gpu_model=""):
         return policy.why
     parts = [f"{policy.nvidia}, {applies_text(entry)}.", policy.why, gpud_differs(entry, policy)]
     return " ".join(part for part in parts if part)
+
+
+@dataclass(frozen=True)
+class RecoveryAction:
+    """One row of recovery_actions.tsv: an NVML GPU recovery action."""
+
+    value: int
+    name: str
+    nvidia_says: str
+    ladder: tuple
+    why: str
+
+
+@cache
+def recovery_actions():
+    """{value: RecoveryAction} for NVML's GPU recovery actions."""
+    with open(DATA / "recovery_actions.tsv", newline="") as f:
+        return {int(row["value"]): RecoveryAction(int(row["value"]), row["name"],
+                                                  row["nvidia_says"], tuple(row["ladder"].split()),
+                                                  row["why"])
+                for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)}
+
+
+def recovery_action_of(evidence):
+    """The RecoveryAction an Xid 154 (its kernel line's "to 0x2 (...)") or a
+    gpu_recovery_action event (NVML's field) names, or None."""
+    value = evidence.get("recovery_action", evidence.get("action"))
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    return recovery_actions().get(value)
+
+
+NVLINK = re.compile(r"\blink (?P<link>\d+)\b", re.IGNORECASE)
+
+
+def nvlink_of(event_text):
+    """The NVLink an Xid 74 line names ("NVLink: fatal error detected on link 14(...)"),
+    or None."""
+    match = NVLINK.search(event_text or "")
+    return int(match["link"]) if match else None

@@ -24,7 +24,13 @@ from datetime import timedelta
 
 from common.durations import duration_text
 from healthchecks.signatures import info_for
-from healthchecks.xid_catalog import policy_for, why_sentence, xid_code
+from healthchecks.xid_catalog import (
+    nvlink_of,
+    policy_for,
+    recovery_action_of,
+    why_sentence,
+    xid_code,
+)
 from nodes.models import AgentEventReceipt
 
 from .choices import ACTION_EXPLANATIONS, IN_SERVICE_ACTIONS, cost
@@ -83,11 +89,31 @@ def ladder_for(signature, gpu_model, row):
     return Ladder((row.action, *costlier), why)
 
 
+def event_ladder(event, model):
+    """The default Ladder for one event: what its evidence names can choose it (the
+    recovery action of an Xid 154 or a gpu_recovery_action), or say where (the NVLink of
+    an Xid 74)."""
+    evidence = event.evidence or {}
+    if event.signature in ("xid:154", "gpu_recovery_action"):
+        recovery = recovery_action_of(evidence)
+        if recovery is not None:
+            return Ladder(recovery.ladder, f"The driver asks: {recovery.nvidia_says} "
+                                           f"({recovery.name}). {recovery.why}")
+    ladder = default_ladder(event.signature, model)
+    if event.signature == "xid:74":
+        link = nvlink_of(evidence.get("kernel_line") or event.message)
+        if link is not None:
+            return replace(ladder, why=f"{ladder.why} The error is on NVLink {link}.")
+    return ladder
+
+
 def choose_action(event, policies, now):
     """The Choice for one open event, or None. policies: {signature: RepairPolicy} of the
     node's cluster."""
     model = event.gpu.name if event.gpu is not None else ""
-    ladder = ladder_for(event.signature, model, policies.get(event.signature))
+    row = policies.get(event.signature)
+    ladder = event_ladder(event, model) if row is None else ladder_for(event.signature, model,
+                                                                       row)
     if not ladder.actions:
         return None
     if event.signature in THROTTLE_SIGNATURES and now - event.first_seen < THROTTLE_PERSISTS:

@@ -125,3 +125,40 @@ def test_a_cluster_row_sets_the_first_rung_and_the_default_ladder_goes_on(cluste
     assert repair.action == "reprovision"
     assert repair.reason.startswith("This cluster's policy starts xid:79 at reprovision (set "
                                     "by ada)")
+
+
+@pytest.mark.parametrize("signature, evidence, action, words", [
+    ("xid:154", {"recovery_action": 2, "recovery_action_text": "Node Reboot Required"},
+     "reboot", "The driver asks: reboot the node: the fault may have left the OS "
+               "inconsistent (NODE_REBOOT)."),
+    ("gpu_recovery_action", {"action": 4, "action_name": "DRAIN_AND_RESET"}, "reboot",
+     "The driver asks: stop the GPU's peer-to-peer traffic and reset it (DRAIN_AND_RESET)."),
+    ("xid:154", {"recovery_action": 5}, None, ""),  # IMEX: an operator's
+])
+def test_the_recovery_action_an_event_names_chooses_its_repair(node, signature, evidence,
+                                                               action, words):
+    do_record_health_event(node, signature=signature, severity="critical",
+                           gpu=node.gpus.get(index=0), message="GPU recovery action changed",
+                           evidence=evidence)
+    repair = refresh_recommendation(node)
+    if action is None:
+        assert repair is None
+    else:
+        assert repair.action == action and repair.reason.startswith(words)
+
+
+def test_an_xid_74_says_which_nvlink(node):
+    line = ("NVRM: Xid (PCI:0000:8b:00): 74, pid=2270, name=python3, NVLink: fatal error "
+            "detected on link 14(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)")
+    do_record_health_event(node, signature="xid:74", severity="critical",
+                           gpu=node.gpus.get(index=5), message="NVLink error",
+                           evidence={"kernel_line": line})
+    assert refresh_recommendation(node).reason.endswith("The error is on NVLink 14.")
+
+
+def test_every_recovery_action_of_nvml_has_a_row():
+    from healthchecks.xid_catalog import recovery_actions
+
+    assert sorted(recovery_actions()) == list(range(8))
+    for recovery in recovery_actions().values():
+        assert set(recovery.ladder) <= set(Action.values) and recovery.why.endswith(".")
