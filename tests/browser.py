@@ -149,6 +149,15 @@ def screenshot(page, name):
     return path
 
 
+def element_screenshot(locator, name):
+    """Save a screenshot of one element as test-artifacts/<name>.png and return its path."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "element"
+    path = ARTIFACTS / f"{safe}.png"
+    locator.screenshot(path=str(path))
+    return path
+
+
 def sign_in(page, username, password="password"):
     """Fill and submit the sign-in form that the current page shows."""
     page.fill("#id_username", username)

@@ -1,0 +1,143 @@
+"""In Chromium: the approval cards an on-call engineer decides from, one per kind of fault:
+Xid 79 (restart the machine), Xid 48 (NVIDIA's workflow in a sentence), job_leftovers (the
+clean-up, the node staying in service), a thermal slowdown that persisted (how long, how
+hot) and an escalation (what it follows). Each card answers what is wrong, what approving
+costs and why this action, and nothing says "the default for". The screenshots are the
+ones in docs/repair-cards/."""
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connections
+from django.utils import timezone
+from playwright.sync_api import expect
+
+from clusters.roles import Role
+from clusters.tests.factories import ClusterFactory, UserFactory
+from healthchecks.services import do_close_health_event, do_record_health_event
+from nodes.models import NodeRollup
+from nodes.tests.factories import GpuFactory, NodeFactory
+from repairs.choices import Status
+from repairs.services import refresh_recommendation
+from repairs.tests.factories import RepairFactory
+
+from .browser import assert_no_csp_violations, element_screenshot, sign_in
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration,
+              pytest.mark.django_db(transaction=True)]
+
+
+def node_with_gpus(cluster, name):
+    node = NodeFactory(cluster=cluster, name=name)
+    for index in range(8):
+        GpuFactory(node=node, index=index, uuid=f"GPU-{name}-{index}", name="NVIDIA H200",
+                   serial=f"16541240{int(name[-3:]):03d}{index:02d}")
+    return node
+
+
+def five_faults(cluster):
+    """The five cards' faults, each on a node of its own; the recommendations made."""
+    now = timezone.now()
+    cards = {}
+    node = node_with_gpus(cluster, "gpu-011")
+    do_record_health_event(node, signature="xid:79", severity="critical",
+                           gpu=node.gpus.get(index=3), message="GPU has fallen off the bus")
+    cards["xid79"] = refresh_recommendation(node)
+
+    node = node_with_gpus(cluster, "gpu-012")
+    do_record_health_event(node, signature="xid:48", severity="critical",
+                           gpu=node.gpus.get(index=5),
+                           message="An uncorrectable double bit error (DBE) has been "
+                                   "detected on GPU in the framebuffer")
+    cards["xid48"] = refresh_recommendation(node)
+
+    node = node_with_gpus(cluster, "gpu-013")
+    do_record_health_event(node, signature="job_leftovers", severity="warning",
+                           gpu=node.gpus.get(index=2),
+                           message="job 46076 ended; pid 5123 (python3) still holds 1024 MiB "
+                                   "on GPU 2")
+    cards["job_leftovers"] = refresh_recommendation(node)
+
+    node = node_with_gpus(cluster, "gpu-014")
+    gpu = node.gpus.get(index=6)
+    do_record_health_event(node, signature="thermal_throttle", severity="warning", gpu=gpu,
+                           message="thermal slowdown held for 60 s (clock event reasons 0x20)",
+                           evidence={"temp_c": 84}, now=now - timedelta(minutes=16))
+    for minutes_ago, hottest in ((15, 86), (9, 88), (2, 87)):
+        NodeRollup.objects.create(
+            node=node, minute=(now - timedelta(minutes=minutes_ago)).replace(second=0,
+                                                                             microsecond=0),
+            gpus={gpu.uuid: {"temp_c": [82, hottest]}})
+    cards["throttle"] = refresh_recommendation(node, now=now)
+
+    node = node_with_gpus(cluster, "gpu-015")
+    gpu = node.gpus.get(index=1)
+    earlier = do_record_health_event(node, signature="xid:79", severity="critical", gpu=gpu,
+                                     message="GPU has fallen off the bus",
+                                     now=now - timedelta(days=3, hours=2))
+    RepairFactory(node=node, gpu=gpu, action="reboot", signature="xid:79",
+                  status=Status.SUCCEEDED, requested_at=now - timedelta(days=3, hours=2),
+                  started_at=now - timedelta(days=3, hours=2),
+                  finished_at=now - timedelta(days=3, hours=1),
+                  outcome="repaired: drained, acted, back, verified and resumed")
+    do_close_health_event(earlier, reason="rebooted", now=now - timedelta(days=3, hours=1))
+    do_record_health_event(node, signature="xid:79", severity="critical", gpu=gpu,
+                           message="GPU has fallen off the bus", now=now)
+    cards["escalation"] = refresh_recommendation(node, now=now)
+    return cards
+
+
+def in_a_thread(function, *args):
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = function(*args)
+        except BaseException as error:  # noqa: BLE001 - re-raised in the test's thread
+            outcome["error"] = error
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=60)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+EXPECTED = {
+    "xid79": ("reboot", ["Why: NVIDIA: restart the machine (RESTART_BM)",
+                         "No scheduler configured", "Blast radius: 1 of 5 nodes"]),
+    "xid48": ("reboot", ["Why: NVIDIA: reset the GPU when the error comes alone; drain and "
+                         "reset it with Xid 63 or 64"]),
+    "job_leftovers": ("cleanup", ["The clean-up ends the processes that still hold GPU memory",
+                                  "gpu-013 stays in service"]),
+    "throttle": ("failover", ["held 16 min, up to 88 °C", "Why: The GPU keeps slowing itself"]),
+    "escalation": ("reprovision", ["Why: xid:79 came back 3 days after repair #",
+                                   "the next rung is reprovision", "After #"]),
+}
+
+
+def test_each_kind_of_card_answers_what_is_wrong_what_it_costs_and_why(page, console):
+    cluster = ClusterFactory(name="cards-h200", slug="cards-h200", gpu_type="NVIDIA H200")
+    UserFactory(username="alice", role=Role.OPERATOR)
+    cards = in_a_thread(five_faults, cluster)
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(f"/c/{cluster.slug}/repair/")
+    sign_in(page, "alice", "password")
+    # The tab re-fetches its sections once its live socket opens: let that be over, so a
+    # card is not swapped out while it is photographed.
+    expect(page.locator("body")).to_have_attribute("data-live", "on")
+    page.wait_for_timeout(2500)
+    for name, repair in cards.items():
+        action, texts = EXPECTED[name]
+        assert repair is not None and repair.action == action, (name, repair)
+        card = page.locator(f"#repair-{repair.public_id}")
+        for text in texts:
+            expect(card).to_contain_text(text)
+        expect(card).not_to_contain_text("the default for")
+        element_screenshot(card, f"repair-card-{name}")
+    assert not console.errors, str(console)
+    assert_no_csp_violations(console)
