@@ -16,6 +16,7 @@ from agent.detectors import close_watchers, make_watchers
 from agent.hygiene import make_hygiene
 from agent.node_metrics import NodeMetrics
 from agent.work.commands import CommandSet, RebootCommand
+from agent.work.gpu_reset import GpuResetCommand
 
 
 @dataclass(eq=False)
@@ -71,11 +72,13 @@ def _start_work(config, node):
     hygiene = make_hygiene(config, node.backend.nvml)
     node.watchers = make_watchers(config, node.backend) + hygiene.watchers
     node.check_runner = CheckRunner(node.backend, config.state_dir)
-    node.command_handler = make_command_handler(config, hygiene)
+    node.command_handler = make_command_handler(config, hygiene, node.backend.nvml)
     node.hygiene_status = hygiene.status
 
 
-def make_command_handler(config, hygiene):
-    """The server's commands on this machine: a reboot runs the configured reboot command;
-    node hygiene's cleanup and reconfigure."""
-    return CommandSet([RebootCommand(config.reboot_command), hygiene.commands])
+def make_command_handler(config, hygiene, nvml):
+    """The server's commands on this machine: a reboot runs the configured reboot command; a
+    GPU reset, nvidia-smi's (agent/work/gpu_reset.py); node hygiene's cleanup and
+    reconfigure."""
+    return CommandSet([RebootCommand(config.reboot_command), GpuResetCommand(nvml),
+                       hygiene.commands])

@@ -121,6 +121,7 @@ class CheckRun(AgentWork):
         ON_DEMAND = "on_demand", "on demand"
         ACCEPTANCE = "acceptance", "acceptance test"
         AFTER_REBOOT = "after_reboot", "after reboot"
+        AFTER_RESET = "after_reset", "after a GPU reset"
 
     UNFINISHED = (Status.QUEUED, Status.RUNNING)
 

@@ -325,6 +325,7 @@ class AgentCommand(AgentWork):
         REBOOT = "reboot", "reboot"
         CLEANUP = "cleanup", "clean up processes"  # orphans of ended jobs, zombies' parents
         RECONFIGURE = "reconfigure", "reconfigure Slurm's GPUs"  # the reconfigure repair
+        RESET_GPU = "reset_gpu", "reset one GPU"  # params {"gpu_uuid"}: the reset_gpu repair
 
     class Status(models.TextChoices):
         QUEUED = "queued", "queued"  # not yet handed to a connection of the node's agent
@@ -339,7 +340,7 @@ class AgentCommand(AgentWork):
     # How long an action may take, from the request to its end. A reboot includes the
     # node's boot: GPU servers take 5-10 minutes through their firmware.
     DEFAULT_DEADLINE_S = {Action.REBOOT: 15 * 60, Action.CLEANUP: 2 * 60,
-                          Action.RECONFIGURE: 5 * 60}
+                          Action.RECONFIGURE: 5 * 60, Action.RESET_GPU: 5 * 60}
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="agent_commands")
     action = models.CharField(max_length=16, choices=Action.choices)

@@ -2,24 +2,28 @@ from django.db import models
 
 
 class Action(models.TextChoices):
-    """DESIGN.md's repair actions, cheapest first (reset_gpu is not built yet)."""
+    """DESIGN.md's repair actions, cheapest first."""
 
     CLEANUP = "cleanup", "clean up"
     RECONFIGURE = "reconfigure", "reconfigure"
+    RESET_GPU = "reset_gpu", "reset GPU"
     REBOOT = "reboot", "reboot"
     REPROVISION = "reprovision", "reprovision"
     FAILOVER = "failover", "failover"
     REMOVE = "remove", "remove"
 
 
-ACTIONS_BY_COST = [Action.CLEANUP, Action.RECONFIGURE, Action.REBOOT, Action.REPROVISION,
-                   Action.FAILOVER, Action.REMOVE]
+ACTIONS_BY_COST = [Action.CLEANUP, Action.RECONFIGURE, Action.RESET_GPU, Action.REBOOT,
+                   Action.REPROVISION, Action.FAILOVER, Action.REMOVE]
 
 ACTION_EXPLANATIONS = {
     Action.CLEANUP: "the agent ends what ended jobs left running and reaps zombies; the node "
                     "stays in service and running jobs go on",
     Action.RECONFIGURE: "Slurm's GPU view rebuilt from the hardware (the node's gres.conf and "
                         "the controller's); the node stays in service and running jobs go on",
+    Action.RESET_GPU: "the agent resets this one GPU once no process holds it (nvidia-smi "
+                      "--gpu-reset); the node is drained first, since its scheduler cannot "
+                      "take one GPU out of service; no reboot, local data is kept",
     Action.REBOOT: "reboot in place; local data is kept",
     Action.REPROVISION: "a clean OS image; local data is cleared",
     Action.FAILOVER: "the workload moves to a fresh node; local data is cleared",
@@ -32,7 +36,9 @@ def cost(action):
 
 
 # The actions the node's agent carries out (a command); the others are the provider's.
-AGENT_ACTIONS = (Action.CLEANUP, Action.RECONFIGURE, Action.REBOOT)
+AGENT_ACTIONS = (Action.CLEANUP, Action.RECONFIGURE, Action.RESET_GPU, Action.REBOOT)
+# The actions that act on the repair's GPU: a rung a node-level signal skips.
+GPU_ACTIONS = (Action.RESET_GPU,)
 # The actions that leave the node in service: no drain, no pause, no blast-radius count and
 # no cooldown after them, so the next rung of a ladder can follow at once.
 IN_SERVICE_ACTIONS = (Action.CLEANUP, Action.RECONFIGURE)
@@ -93,6 +99,8 @@ STEPS = {
     # slurmd restarts in place: nothing to drain, no boot to wait for; verify sees Slurm's
     # view match the hardware again.
     Action.RECONFIGURE: [StepKind.ACT, StepKind.VERIFY],
+    # The agent answers ok once the GPU answers NVML again: no boot to wait for.
+    Action.RESET_GPU: [StepKind.DRAIN, StepKind.ACT, StepKind.VERIFY, StepKind.RESUME],
     Action.REBOOT: [StepKind.DRAIN, StepKind.ACT, StepKind.WAIT_FOR_NODE, StepKind.VERIFY,
                     StepKind.RESUME],
     Action.REPROVISION: [StepKind.DRAIN, StepKind.ACT, StepKind.WAIT_FOR_NODE, StepKind.VERIFY,

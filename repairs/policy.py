@@ -22,6 +22,8 @@ window changes nothing and the recommendation says what it would have been.
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
+from django.db.models import Exists, OuterRef
+
 from common.durations import duration_text
 from healthchecks.signatures import info_for
 from healthchecks.xid_catalog import (
@@ -33,8 +35,9 @@ from healthchecks.xid_catalog import (
 )
 from nodes.models import AgentEventReceipt
 
-from .choices import ACTION_EXPLANATIONS, IN_SERVICE_ACTIONS, cost
-from .models import Repair
+from .choices import (ACTION_EXPLANATIONS, GPU_ACTIONS, IN_SERVICE_ACTIONS, StepKind,
+                      StepStatus, cost)
+from .models import Repair, RepairStep
 
 THROTTLE_SIGNATURES = ("thermal_throttle", "hw_slowdown", "power_brake")
 THROTTLE_PERSISTS = timedelta(minutes=15)
@@ -114,6 +117,8 @@ def choose_action(event, policies, now):
     row = policies.get(event.signature)
     ladder = event_ladder(event, model) if row is None else ladder_for(event.signature, model,
                                                                        row)
+    if event.gpu is None:  # a node-level signal: no GPU to reset
+        ladder = replace(ladder, actions=tuple(a for a in ladder.actions if a not in GPU_ACTIONS))
     if not ladder.actions:
         return None
     if event.signature in THROTTLE_SIGNATURES and now - event.first_seen < THROTTLE_PERSISTS:
@@ -189,8 +194,11 @@ def apply_windows(node, event, choice, settings, now):
 
 
 def in_cooldown(node, now):
-    """A repair that took the node out of service ended less than COOLDOWN ago (a clean-up
-    or a reconfigure does not count: the next rung may follow it at once)."""
+    """A repair that took the node out of service and acted ended less than COOLDOWN ago.
+    A clean-up or a reconfigure does not count, nor a repair whose act failed (a GPU reset
+    the agent refused): nothing was done, so the next rung may follow at once."""
+    refused = RepairStep.objects.filter(repair=OuterRef("pk"), kind=StepKind.ACT,
+                                        status=StepStatus.FAILED)
     return (Repair.objects.filter(node=node, started_at__isnull=False,
                                   finished_at__gte=now - COOLDOWN)
-            .exclude(action__in=IN_SERVICE_ACTIONS).exists())
+            .exclude(action__in=IN_SERVICE_ACTIONS).exclude(Exists(refused)).exists())

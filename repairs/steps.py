@@ -27,7 +27,7 @@ from django.utils import timezone
 from healthchecks.check_catalog import AFTER_REBOOT_CHECKS
 from healthchecks.gpu_lost import do_accept_gpu_inventory
 from healthchecks.models import CheckRun, HealthEvent
-from healthchecks.services import do_request_checks
+from healthchecks.services import do_close_health_event, do_request_checks, edge_events_open
 from nodes.models import AgentCommand
 from nodes.services import (
     REPAIR_OPENER,
@@ -136,6 +136,9 @@ def act(repair, step, now):
         return act_by_agent(repair, step, AgentCommand.Action.RECONFIGURE)
     if repair.action == Action.CLEANUP:
         return act_by_agent(repair, step, AgentCommand.Action.CLEANUP)
+    if repair.action == Action.RESET_GPU:
+        return act_by_agent(repair, step, AgentCommand.Action.RESET_GPU,
+                            params={"gpu_uuid": repair.gpu.uuid})
     if "provider_done" in step.details:
         return Done(f"{repair.action} done by the provider")
     if "provider_started" in step.details:
@@ -169,14 +172,14 @@ def open_for_rejoin(repair, now):
     return plaintext
 
 
-def act_by_agent(repair, step, action):
+def act_by_agent(repair, step, action, params=None):
     """The agent's command for the action, sent once. A reboot is under way once accepted
     (the wait step sees it done); a clean-up or a reconfigure is done when the agent says
     ok."""
     command_id = step.details.get("command_id")
     if command_id is None:
         with transaction.atomic():
-            command = do_send_command(repair.node, action)
+            command = do_send_command(repair.node, action, params=params)
             set_details(step, command_id=command.pk)
         return Wait(f"{action} command #{command.pk} sent to the agent")
     command = AgentCommand.objects.get(pk=command_id)
@@ -208,13 +211,7 @@ def verify(repair, step, now):
     node.refresh_from_db()
     runs = CheckRun.objects.filter(pk__in=step.details.get("runs", [])).order_by("pk")
     if not runs.exists():
-        existing = CheckRun.objects.filter(node=node, purpose=CheckRun.Purpose.AFTER_REBOOT,
-                                           boot_id=node.boot_id, check_name__in=AFTER_REBOOT_CHECKS)
-        requested = {run.check_name: run for run in existing}
-        missing = [name for name in AFTER_REBOOT_CHECKS if name not in requested]
-        for run, _ in do_request_checks(node, missing, purpose=CheckRun.Purpose.AFTER_REBOOT,
-                                        now=now):
-            requested[run.check_name] = run
+        requested = checks_to_verify(repair, node, now)
         set_details(step, runs=[requested[name].pk for name in AFTER_REBOOT_CHECKS])
         return Wait(f"running {', '.join(AFTER_REBOOT_CHECKS)}")
     runs = list(runs)
@@ -225,9 +222,44 @@ def verify(repair, step, now):
     if failed:
         return Failed("; ".join(f"{run.check_name} {run.get_status_display()}: {run.message}"
                                 for run in failed))
+    if repair.action == Action.RESET_GPU:
+        closed = close_what_the_reset_settled(repair, now)
+        return Done(f"passed {', '.join(run.check_name for run in runs)}"
+                    + (f"; closed {closed}" if closed else ""))
     # A replaced GPU joins the inventory here (DESIGN.md: the verify step accepts it).
     do_accept_gpu_inventory(node, actor=None)
     return Done(f"passed {', '.join(run.check_name for run in runs)}")
+
+
+def checks_to_verify(repair, node, now):
+    """{check name: CheckRun} of the checks after the repair: after a reboot, those the new
+    boot already started (start_checks_after_hello) and the missing ones; after a GPU
+    reset, new ones (the boot is the same as before it)."""
+    if repair.action == Action.RESET_GPU:
+        return {run.check_name: run for run, _ in do_request_checks(
+            node, AFTER_REBOOT_CHECKS, purpose=CheckRun.Purpose.AFTER_RESET, now=now)}
+    existing = CheckRun.objects.filter(node=node, purpose=CheckRun.Purpose.AFTER_REBOOT,
+                                       boot_id=node.boot_id, check_name__in=AFTER_REBOOT_CHECKS)
+    requested = {run.check_name: run for run in existing}
+    missing = [name for name in AFTER_REBOOT_CHECKS if name not in requested]
+    for run, _ in do_request_checks(node, missing, purpose=CheckRun.Purpose.AFTER_REBOOT,
+                                    now=now):
+        requested[run.check_name] = run
+    return requested
+
+
+def close_what_the_reset_settled(repair, now):
+    """After a GPU reset and passing checks, the edge events (Xids) of that GPU from before
+    the reset close, as a reboot's do for the whole node. Returns their signatures."""
+    act = repair.steps.get(kind=StepKind.ACT)
+    settled = edge_events_open(repair.node).filter(gpu=repair.gpu,
+                                                   first_seen__lt=act.finished_at)
+    signatures = []
+    for event in settled:
+        do_close_health_event(event, reason=f"GPU reset by repair #{repair.pk} and checked",
+                              now=now)
+        signatures.append(event.signature)
+    return ", ".join(sorted(set(signatures)))
 
 
 def verify_signal_closed(repair, step, now):
@@ -366,7 +398,7 @@ def record_outcome(step, outcome, now):
         announce_repair_change(repair)
         return
     if isinstance(outcome, Failed):
-        fail_repair(repair, f"{step.get_kind_display()} failed: {outcome.message}", now)
+        fail_repair(repair, f"{step.get_kind_display()} failed: {outcome.message}", now, step)
         return
     following = repair.steps.filter(position__gt=step.position).order_by("position").first()
     if following is not None:
@@ -380,17 +412,26 @@ def record_outcome(step, outcome, now):
 SUCCESS_OUTCOMES = {
     Action.CLEANUP: "repaired: the leftovers ended, and the signal closed",
     Action.RECONFIGURE: "repaired: Slurm's GPU view rebuilt from the hardware, and verified",
+    Action.RESET_GPU: "repaired: drained, GPU reset, verified and resumed",
     Action.REBOOT: "repaired: drained, acted, back, verified and resumed",
     Action.REPROVISION: "repaired: drained, acted, back, verified and resumed",
     Action.FAILOVER: "repaired: drained, acted, back, verified and resumed",
 }
 
 
-def fail_repair(repair, why, now):
+def fail_repair(repair, why, now, step=None):
     """The repair fails with its reason; the node stays out of service (paused), unless the
-    repair left it in service (the next rung of its ladder follows instead)."""
+    repair left it in service, or it was a GPU reset that the agent did not carry out
+    (refused by the topology, or a process holds the GPU): nothing was done to the node, so
+    its drain is lifted and the next rung of the ladder (a reboot) is proposed at once."""
     transition(repair, Status.FAILED, reason=why, now=now, finished_at=now, outcome=why)
     if repair.action in IN_SERVICE_ACTIONS:
+        return
+    if repair.action == Action.RESET_GPU and step is not None and step.kind == StepKind.ACT:
+        try:
+            lift_drain(repair)
+        except ExecutorError:
+            logger.exception("lifting the drain of repair #%s failed", repair.pk)
         return
     do_pause_node(repair.node, actor=None, reason=f"repair #{repair.pk} failed: {why}"[:255],
                   now=now)

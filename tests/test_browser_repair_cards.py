@@ -110,7 +110,7 @@ def in_a_thread(function, *args):
 EXPECTED = {
     "xid79": ("reboot", ["Why: NVIDIA: restart the machine (RESTART_BM)",
                          "No scheduler configured", "Blast radius: 1 of 5 nodes"]),
-    "xid48": ("reboot", ["Why: NVIDIA: reset the GPU when the error comes alone; drain and "
+    "xid48": ("reset_gpu", ["Why: NVIDIA: reset the GPU when the error comes alone; drain and "
                          "reset it with Xid 63 or 64"]),
     "job_leftovers": ("cleanup", ["The clean-up ends the processes that still hold GPU memory",
                                   "gpu-013 stays in service"]),

@@ -21,6 +21,7 @@ from agent.backends import CLOCK_EVENT_HW_THERMAL, cuda_version_text, gpu_lost_e
 from agent.detectors.xid import load_xid_descriptions
 from agent.sim.inject import HYGIENE_FAULTS, XID_STORM_LINES
 from agent.sim.kernel_log import SimulatedKernelLog
+from agent.work.commands import CommandFailed
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,17 @@ class SimulatedBackend:
 
     def wait_ready(self, timeout_s):
         pass
+
+    def reset_gpu(self, uuid):
+        """A simulated `nvidia-smi --gpu-reset` of one GPU: its injected double-bit errors
+        go, as a reset retires the pages. A GPU off the bus cannot be reset. The `ok`
+        message, or CommandFailed."""
+        gpu = next((gpu for gpu in self._gpus if gpu["uuid"] == uuid), None)
+        if gpu is None or gpu["index"] in self._lost:
+            raise CommandFailed(f"no GPU {uuid} on this node answers NVML (simulated)")
+        self._new_dbe[gpu["index"]] = 0
+        return (f"GPU {gpu['index']} ({uuid}) reset and answers NVML again: GPU "
+                f"{gpu['pci_bus_id']} was successfully reset. (simulated)")
 
     def reboot(self):
         """As after a real reboot: the injected faults are gone (a lost GPU is back, the

@@ -73,7 +73,20 @@ def simulated_gpus(backend, *, device_dir="/dev"):
             for gpu in backend.gpus()]
 
 
+class SimulatedGpuReset:
+    """A simulated node's `reset_gpu`: the backend's (no nvidia-smi to run)."""
+
+    actions = ("reset_gpu",)
+
+    def __init__(self, backend):
+        self._backend = backend
+
+    async def run(self, action, params, client):
+        return self._backend.reset_gpu((params or {}).get("gpu_uuid"))
+
+
 def simulated_command_handler(config, backend, hygiene):
-    """A simulated node's commands: its reboot (agent/sim/boot.py), node hygiene's."""
+    """A simulated node's commands: its reboot (agent/sim/boot.py), a GPU reset, node
+    hygiene's."""
     reboot = SimulatedReboot(backend, config.state_dir, boot_s=config.simulated_boot_s)
-    return CommandSet([reboot, hygiene.commands])
+    return CommandSet([reboot, SimulatedGpuReset(backend), hygiene.commands])

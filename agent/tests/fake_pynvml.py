@@ -96,6 +96,13 @@ class FakeNvml:
         self.recovery_action = {}  # GPU index -> an NVML_GPU_RECOVERY_ACTION_* value
         self.event_sets = []
         self.compute_processes = {}  # GPU index -> [c_nvmlProcessInfo_v3_t]
+        # The topology of a GPU reset: the real H200 (a VM) has no NVLink ("Not Supported"
+        # for each link, nvml_snapshot.json) and is a Hopper (arch 9). Other systems' were
+        # never captured on real hardware: tests set `architecture` and `nvlinks` {link:
+        # remote NVML_NVLINK_DEVICE_TYPE_*} as NVML documents them.
+        self.architecture = self.device["arch"]
+        self.nvlinks = {}
+        self.persistence_mode = self.device["persistence_mode"]
 
     def uuid(self, index):
         real = self.device["uuid"]
@@ -135,6 +142,38 @@ class FakeNvml:
     def nvmlDeviceGetUUID(self, handle):
         self._check(handle, "nvmlDeviceGetUUID")
         return self.uuid(handle.index)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        for index in range(self.gpu_count):
+            if self.uuid(index) == uuid:
+                if index in self.lost:
+                    raise pynvml.NVMLError_GpuIsLost()
+                return FakeHandle(index)
+        raise pynvml.NVMLError_NotFound()
+
+    def nvmlDeviceGetIndex(self, handle):
+        self._check(handle, "nvmlDeviceGetIndex")
+        return handle.index
+
+    def nvmlDeviceGetArchitecture(self, handle):
+        self._check(handle, "nvmlDeviceGetArchitecture")
+        return self.architecture
+
+    def nvmlDeviceGetNvLinkState(self, handle, link):
+        self._check(handle, "nvmlDeviceGetNvLinkState")
+        if link not in self.nvlinks:
+            raise pynvml.NVMLError_NotSupported()
+        return pynvml.NVML_FEATURE_ENABLED
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle, link):
+        self._check(handle, "nvmlDeviceGetNvLinkRemoteDeviceType")
+        if link not in self.nvlinks:
+            raise pynvml.NVMLError_NotSupported()
+        return self.nvlinks[link]
+
+    def nvmlDeviceGetPersistenceMode(self, handle):
+        self._check(handle, "nvmlDeviceGetPersistenceMode")
+        return self.persistence_mode
 
     def nvmlDeviceGetSerial(self, handle):
         # GPU 0's is the real H200's (nvidia-smi -q: "Serial Number : 1654124008485"); the

@@ -24,6 +24,7 @@ from agent.connection.node_token import read_node_token
 from agent.connection.outbox import Outbox
 from agent.hygiene import Hygiene
 from agent.node import Node, make_command_handler
+from agent.tests.fake_pynvml import FakeNvml
 from agent.node_metrics import NodeMetrics
 from agent.sim import fleet
 from agent.sim.backend import SimulatedBackend, simulated_gpu_uuid
@@ -277,8 +278,8 @@ def test_bad_reboot_settings_are_usage_errors(given, error):
 
 def test_the_agent_reboots_with_the_reboot_command_or_in_simulation(tmp_path):
     real = build_config(options(server=SERVER, node_name=NODE, reboot_command="true"))
-    handler = make_command_handler(real, hygiene=Hygiene())
-    assert handler.actions == ("reboot",)
+    handler = make_command_handler(real, hygiene=Hygiene(), nvml=FakeNvml())
+    assert handler.actions == ("reboot", "reset_gpu")
     reboot = handler._by_action["reboot"]
     assert isinstance(reboot, RebootCommand) and reboot.command == "true"
 

@@ -18,8 +18,8 @@ def test_the_whole_catalog_loads():
 
 @pytest.mark.parametrize("code, severity, recommendation", [
     (79, CRITICAL, REBOOT),  # RESTART_BM
-    (119, CRITICAL, REBOOT),  # RESET_GPU
-    (48, CRITICAL, REBOOT),  # WORKFLOW_XID_48
+    (119, CRITICAL, "reset_gpu"),  # RESET_GPU
+    (48, CRITICAL, "reset_gpu"),  # WORKFLOW_XID_48
     (154, CRITICAL, REBOOT),  # XID_154
     (13, INFO, None),  # RESTART_APP: the application's problem
     (94, INFO, None),  # RESTART_APP

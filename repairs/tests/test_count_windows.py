@@ -52,7 +52,7 @@ def test_four_or_older_ones_do_not_trip_it(node):
     xid(node, 48, at=now - timedelta(hours=30))  # outside the window
     for hours_ago in (12, 6, 2, 0):
         xid(node, 48, at=now - timedelta(hours=hours_ago))
-    assert refresh_recommendation(node, now=now).action == "reboot"
+    assert refresh_recommendation(node, now=now).action == "reset_gpu"
 
 
 def test_a_coalesced_burst_is_one_occurrence(node):
@@ -86,7 +86,7 @@ def test_record_only_changes_nothing_and_says_what_it_would_have_done(cluster, n
     for hours_ago in (20, 12, 6, 2, 0):
         xid(node, 48, at=now - timedelta(hours=hours_ago))
     repair = refresh_recommendation(node, now=now)
-    assert repair.action == "reboot"
+    assert repair.action == "reset_gpu"
     assert repair.would_have == ("would have recommended remove: 5 fatal Xids on GPU 3 in "
                                  "24 h (the window trips at 5)")
     page = client_for(viewer).get(repair.get_absolute_url()).text

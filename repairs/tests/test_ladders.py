@@ -107,11 +107,10 @@ def test_memory_still_held_after_the_clean_up_climbs_to_the_next_rung_at_once(
     assert cleanup.status == Status.FAILED and node.state != NodeState.PAUSED
 
     following = refresh_recommendation(node, now=past)
-    assert following.action == Action.REBOOT and following.follows == cleanup
+    assert following.action == Action.RESET_GPU and following.follows == cleanup
     assert following.follows_why == (f"job_leftovers is still open after repair #{cleanup.pk} "
                                      f"(cleanup, failed)")
-    assert following.reason.endswith("the next rung is reboot, reboot in place; local data is "
-                                     "kept.")
+    assert "the next rung is reset_gpu, the agent resets this one GPU" in following.reason
 
 
 def test_a_cluster_row_sets_the_first_rung_and_the_default_ladder_goes_on(cluster, node, admin):
@@ -131,7 +130,7 @@ def test_a_cluster_row_sets_the_first_rung_and_the_default_ladder_goes_on(cluste
     ("xid:154", {"recovery_action": 2, "recovery_action_text": "Node Reboot Required"},
      "reboot", "The driver asks: reboot the node: the fault may have left the OS "
                "inconsistent (NODE_REBOOT)."),
-    ("gpu_recovery_action", {"action": 4, "action_name": "DRAIN_AND_RESET"}, "reboot",
+    ("gpu_recovery_action", {"action": 4, "action_name": "DRAIN_AND_RESET"}, "reset_gpu",
      "The driver asks: stop the GPU's peer-to-peer traffic and reset it (DRAIN_AND_RESET)."),
     ("xid:154", {"recovery_action": 5}, None, ""),  # IMEX: an operator's
 ])

@@ -51,8 +51,8 @@ def open_event(node, signature, *, gpu=3, severity="critical", at=NOW):
 
 @pytest.mark.parametrize("signature,severity,action", [
     ("xid:79", "critical", "reboot"),          # RESTART_BM
-    ("xid:48", "critical", "reboot"),          # DBE: RESET_GPU
-    ("xid:95", "critical", "reboot"),          # uncontained ECC: RESET_GPU
+    ("xid:48", "critical", "reset_gpu"),       # DBE: NVIDIA's workflow resets the GPU
+    ("xid:95", "critical", "reset_gpu"),       # uncontained ECC: RESET_GPU
     ("xid:54", "critical", "remove"),          # CHECK_MECHANICALS, applies to Hopper
     ("xid:31", "warning", None),               # an application's fault: no repair
     ("gpu_lost", "critical", "reboot"),

@@ -104,7 +104,7 @@ def test_the_policy_table_shows_each_default(client_for, viewer, url):
     assert rows["thermal_throttle"].default.actions == ("failover",)
     assert "only once it has lasted 15 minutes" in rows["thermal_throttle"].default.lighter
     assert rows["check:gpu_compute"].default.actions[0] == "reboot"
-    assert rows["job_leftovers"].default.actions == ("cleanup", "reboot")
+    assert rows["job_leftovers"].default.actions == ("cleanup", "reset_gpu", "reboot")
     assert rows["zombie_processes"].default.actions == ("cleanup",)
     assert "xid:31" not in rows  # no default repair: listed once a row overrides it
     assert all(row.override is None for row in rows.values())
