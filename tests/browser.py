@@ -4,6 +4,7 @@ the console messages a page logs, and screenshots under test-artifacts/."""
 import ctypes
 import os
 import re
+import threading
 import signal
 import socket
 import subprocess
@@ -147,6 +148,31 @@ def screenshot(page, name):
     path = ARTIFACTS / f"{safe}.png"
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+def in_a_thread(function, *args, timeout_s=60):
+    """Run `function` where no event loop runs, and return what it returns. Playwright's
+    sync API keeps its loop marked running in the test's thread, and there async_to_sync,
+    which sends the on-commit broadcasts ("repair.changed"...), refuses to run: they would
+    be lost without a word."""
+    from django.db import connections
+
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = function(*args)
+        except BaseException as error:  # noqa: BLE001 - re-raised in the test's thread
+            outcome["error"] = error
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=timeout_s)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def element_screenshot(locator, name):

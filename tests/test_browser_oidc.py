@@ -7,14 +7,12 @@ comes back to the page.
 The console is a daphne with CLUSTERUI_OIDC_* pointing at the provider (`oidc_daphne_server`).
 No Celery worker runs: an approved repair stays at its first step."""
 
-import threading
 from urllib.parse import urlsplit
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.sessions.backends.db import SessionStore
 from django.contrib.sessions.models import Session
-from django.db import connections
 from playwright.sync_api import expect
 
 from clusters.models import AuditEntry, Identity
@@ -26,7 +24,7 @@ from repairs.choices import Status
 from repairs.models import Repair
 from repairs.services import refresh_recommendation
 
-from .browser import assert_no_csp_violations, screenshot
+from .browser import assert_no_csp_violations, in_a_thread, screenshot
 from .oidc.provider import PASSWORDS
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration,
@@ -38,27 +36,6 @@ User = get_user_model()
 @pytest.fixture
 def console(oidc_page, request):
     return request.node.console_log
-
-
-def in_a_thread(function, *args):
-    """Run `function` where no event loop runs: Playwright's sync API keeps its loop marked
-    running in the test's thread, and there the on-commit broadcasts would be refused."""
-    outcome = {}
-
-    def run():
-        try:
-            outcome["value"] = function(*args)
-        except BaseException as error:  # noqa: BLE001 - re-raised in the test's thread
-            outcome["error"] = error
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(timeout=30)
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 def a_proposed_reboot(node):

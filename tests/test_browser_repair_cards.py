@@ -5,11 +5,9 @@ hot) and an escalation (what it follows). Each card answers what is wrong, what 
 costs and why this action, and nothing says "the default for". The screenshots are the
 ones in docs/repair-cards/."""
 
-import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connections
 from django.utils import timezone
 from playwright.sync_api import expect
 
@@ -22,7 +20,7 @@ from repairs.choices import Status
 from repairs.services import refresh_recommendation
 from repairs.tests.factories import RepairFactory
 
-from .browser import assert_no_csp_violations, element_screenshot, sign_in
+from .browser import assert_no_csp_violations, element_screenshot, in_a_thread, sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration,
               pytest.mark.django_db(transaction=True)]
@@ -86,25 +84,6 @@ def five_faults(cluster):
                            message="GPU has fallen off the bus", now=now)
     cards["escalation"] = refresh_recommendation(node, now=now)
     return cards
-
-
-def in_a_thread(function, *args):
-    outcome = {}
-
-    def run():
-        try:
-            outcome["value"] = function(*args)
-        except BaseException as error:  # noqa: BLE001 - re-raised in the test's thread
-            outcome["error"] = error
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(timeout=60)
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 EXPECTED = {

@@ -6,12 +6,10 @@ its steps, without a reload.
 No Celery worker runs here: the approved repair stays at its first step, which is all this
 test looks at (the steps themselves are the integration tests' business)."""
 
-import threading
 import time
 from urllib.parse import urlsplit
 
 import pytest
-from django.db import connections
 from playwright.sync_api import expect
 
 from clusters.roles import Role
@@ -22,34 +20,12 @@ from repairs.choices import Status
 from repairs.models import Repair
 from repairs.services import refresh_recommendation
 
-from .browser import assert_no_csp_violations, screenshot, sign_in
+from .browser import assert_no_csp_violations, in_a_thread, screenshot, sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration,
               pytest.mark.django_db(transaction=True)]
 
 MARKER = "set before the recommendation"
-
-
-def in_a_thread(function, *args):
-    """Run `function` where no event loop runs. Playwright's sync API keeps its loop marked
-    running in the test's thread, and there async_to_sync, which sends the "repair.changed"
-    broadcast on commit, refuses to run (the broadcast would be lost without a word)."""
-    outcome = {}
-
-    def run():
-        try:
-            outcome["value"] = function(*args)
-        except BaseException as error:  # noqa: BLE001 - re-raised in the test's thread
-            outcome["error"] = error
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(timeout=30)
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 def wait_until(page, condition, timeout_s=15):

@@ -14,15 +14,11 @@ from repairs.queries import jobs_at_risk
 from repairs.tests.test_views_list import FakeScheduler, recommend
 from schedulers import Job
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_tasks")]
 
 TRAINING = Job(id="48213", user="alice", name="llama-pretrain", gpus=24, run_time_s=7200,
                account="research", nodes=("gpu-016", "gpu-017", "gpu-018"))
 
-
-@pytest.fixture(autouse=True)
-def no_tasks(monkeypatch):
-    monkeypatch.setattr("repairs.services.enqueue_step", lambda step_id: None)
 
 
 def use(monkeypatch, scheduler):

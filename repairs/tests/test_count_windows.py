@@ -37,6 +37,13 @@ def xid(node, code, *, gpu=3, count=None, at=None):
     assert outcome == EventOutcome.STORED, outcome
 
 
+def five_reboots_in_7_days(node, now):
+    for days_ago in (6, 5, 3, 2, 1):
+        RepairFactory(node=node, action="reboot", signature="slurm_drain",
+                      status=Status.SUCCEEDED, started_at=now - timedelta(days=days_ago),
+                      finished_at=now - timedelta(days=days_ago))
+
+
 def test_five_fatal_xids_on_one_gpu_in_24_hours_mean_remove(node):
     now = timezone.now()
     for hours_ago in (20, 12, 6, 2, 0):
@@ -69,10 +76,7 @@ def test_a_storm_of_a_benign_xid_across_every_gpu_never_escalates(node):
 
 def test_five_repairs_of_a_node_in_7_days_mean_remove(node):
     now = timezone.now()
-    for days_ago in (6, 5, 3, 2, 1):
-        RepairFactory(node=node, action="reboot", signature="slurm_drain",
-                      status=Status.SUCCEEDED, started_at=now - timedelta(days=days_ago),
-                      finished_at=now - timedelta(days=days_ago))
+    five_reboots_in_7_days(node, now)
     xid(node, 79, at=now)
     repair = refresh_recommendation(node, now=now)
     assert repair.action == "remove"
@@ -95,10 +99,7 @@ def test_record_only_changes_nothing_and_says_what_it_would_have_done(cluster, n
 
 def test_windows_leave_a_clean_up_alone(node):
     now = timezone.now()
-    for days_ago in (6, 5, 3, 2, 1):
-        RepairFactory(node=node, action="reboot", signature="slurm_drain",
-                      status=Status.SUCCEEDED, started_at=now - timedelta(days=days_ago),
-                      finished_at=now - timedelta(days=days_ago))
+    five_reboots_in_7_days(node, now)
     frame = {"type": "event", "id": str(uuid.uuid4()), "ts": 1764442001.5,
              "signature": "zombie_processes", "severity": "warning", "state": "active",
              "message": "14 zombies", "detail": {}}

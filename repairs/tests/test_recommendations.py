@@ -24,15 +24,10 @@ from repairs.services import (
 from repairs.tests.factories import RepairFactory
 from repairs.transitions import Conflict
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_tasks")]
 
 NOW = timezone.now()
 
-
-@pytest.fixture(autouse=True)
-def no_tasks(monkeypatch):
-    """Steps are enqueued on commit; these tests look at statuses, not at running steps."""
-    monkeypatch.setattr("repairs.services.enqueue_step", lambda step_id: None)
 
 
 @pytest.fixture

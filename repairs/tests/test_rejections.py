@@ -25,14 +25,10 @@ from repairs.services import (
     resolve_quiet_recommendations,
 )
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_tasks")]
 
 NOW = timezone.now()
 
-
-@pytest.fixture(autouse=True)
-def no_tasks(monkeypatch):
-    monkeypatch.setattr("repairs.services.enqueue_step", lambda step_id: None)
 
 
 @pytest.fixture
