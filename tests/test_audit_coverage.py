@@ -110,6 +110,7 @@ AUDITED = {
     "repairs:policy": Audited("repairpolicy.update", "repairs.repairpolicy", before_after=True),
     "repairs:propose": Audited("repair.propose", "repairs.repair"),
     "repairs:approve": Audited("repair.approve", "repairs.repair"),
+    "repairs:recommend_again": Audited("repair.recommend_again", "nodes.node"),
     "repairs:reject": Audited("repair.reject", "repairs.repair"),
     "repairs:cancel": Audited("repair.cancel", "repairs.repair"),
     "repairs:abort": Audited("repair.abort", "repairs.repair", setup=run_the_repair),

@@ -194,7 +194,9 @@ TABLE = {
     "repairs:settings": Row(
         get=needs(VIEW, 200), post=needs(ADMINISTER, 302),
         data={"provider": "simulated", "blast_radius_pct": 20,
-              "drain_grace_s": 600, "boot_timeout_s": 1800}),
+              "drain_grace_s": 600, "boot_timeout_s": 1800, "window_mode": "record_only",
+              "window_action": "remove", "xid_window_count": 5, "xid_window_hours": 24,
+              "repair_window_count": 5, "repair_window_days": 7}),
     "repairs:policy": Row(get=not_allowed(), post=needs(ADMINISTER, 302),
                           data={"signature": "xid:79", "action": "reboot"}),
     "repairs:node": Row(get=needs(VIEW, 200), post=not_allowed()),
@@ -204,7 +206,10 @@ TABLE = {
     "repairs:propose": Row(get=not_allowed(), post=needs(OPERATE, 302),
                            data={"action": "reboot", "reason": "slow GPU 3"}),
     "repairs:detail": Row(get=needs(VIEW, 200), post=not_allowed(), public_id="repair"),
-    "repairs:approve": Row(get=not_allowed(), post=needs(OPERATE, 302), public_id="repair"),
+    # The world's Kubernetes cluster cannot be read: approving says so and is confirmed.
+    "repairs:approve": Row(get=not_allowed(), post=needs(OPERATE, 302), public_id="repair",
+                           data={"confirm_unknown_jobs": "on"}),
+    "repairs:recommend_again": Row(get=not_allowed(), post=needs(OPERATE, 302)),
     "repairs:reject": Row(get=not_allowed(), post=needs(OPERATE, 302), public_id="repair"),
     "repairs:cancel": Row(get=not_allowed(), post=needs(OPERATE, 302), public_id="repair"),
     "repairs:abort": Row(get=not_allowed(), post=needs(OPERATE, 302), public_id="repair",

@@ -6,6 +6,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.urls import reverse
 from django.utils import timezone
 
 from gateway.ingest import EventOutcome, ingest_events
@@ -95,6 +96,10 @@ def test_record_only_changes_nothing_and_says_what_it_would_have_done(cluster, n
                                  "24 h (the window trips at 5)")
     page = client_for(viewer).get(repair.get_absolute_url()).text
     assert "Record-only count window: would have recommended remove" in page
+    repair.status, repair.finished_at, repair.outcome = "rejected", now, "rejected"
+    repair.save()
+    history = client_for(viewer).get(reverse("repairs:list", args=[cluster.slug])).text
+    assert "record-only: would have recommended remove: 5 fatal Xids on GPU 3" in history
 
 
 def test_windows_leave_a_clean_up_alone(node):
