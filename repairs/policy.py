@@ -154,36 +154,46 @@ def escalate(node, event, choice, now):
                   choice.ladder, follows=last, follows_why=what)
 
 
-def tripped_window(node, event, settings, now):
-    """Why a count window of the cluster's settings trips for this event, or ""."""
-    if event.gpu_id is not None and xid_code(event.signature) is not None:
-        since = now - timedelta(hours=settings.xid_window_hours)
-        signatures = AgentEventReceipt.objects.filter(
-            health_event__gpu_id=event.gpu_id, health_event__signature__startswith="xid:",
-            received_at__gte=since).values_list("health_event__signature", flat=True)
-        model = event.gpu.name
-        fatal = sum(1 for signature in signatures
-                    if policy_for(xid_code(signature), model).recommendation)
-        if fatal >= settings.xid_window_count:
-            return (f"{fatal} fatal Xids on GPU {event.gpu.index} in "
-                    f"{settings.xid_window_hours} h (the window trips at "
-                    f"{settings.xid_window_count})")
+def gpu_window(event, settings, now):
+    """Why the GPU's count window (fatal Xids on it within hours) trips for this event, or
+    ""."""
+    if event.gpu_id is None or xid_code(event.signature) is None:
+        return ""
+    since = now - timedelta(hours=settings.xid_window_hours)
+    signatures = AgentEventReceipt.objects.filter(
+        health_event__gpu_id=event.gpu_id, health_event__signature__startswith="xid:",
+        received_at__gte=since).values_list("health_event__signature", flat=True)
+    model = event.gpu.name
+    fatal = sum(1 for signature in signatures
+                if policy_for(xid_code(signature), model).recommendation)
+    if fatal < settings.xid_window_count:
+        return ""
+    return (f"{fatal} fatal Xids on GPU {event.gpu.index} in {settings.xid_window_hours} h "
+            f"(the window trips at {settings.xid_window_count})")
+
+
+def node_window(node, settings, now):
+    """Why the node's count window (repairs of it within days) trips, or "": the same for
+    every event of the node, so read once per recommendation."""
+    if settings.window_mode == settings.WindowMode.OFF:
+        return ""
     repairs = (Repair.objects.filter(node=node, started_at__gte=now - timedelta(
         days=settings.repair_window_days)).exclude(action__in=IN_SERVICE_ACTIONS).count())
-    if repairs >= settings.repair_window_count:
-        return (f"{repairs} repairs of {node.name} in {settings.repair_window_days} days (the "
-                f"window trips at {settings.repair_window_count})")
-    return ""
+    if repairs < settings.repair_window_count:
+        return ""
+    return (f"{repairs} repairs of {node.name} in {settings.repair_window_days} days (the "
+            f"window trips at {settings.repair_window_count})")
 
 
-def apply_windows(node, event, choice, settings, now):
-    """The choice, raised (or, record-only, annotated) by a tripped count window. Faults
-    whose ladder keeps the node in service (a clean-up) are left alone."""
+def apply_windows(event, choice, settings, node_why, now):
+    """The choice, raised (or, record-only, annotated) by a tripped count window: the
+    GPU's for this event, else the node's (node_why, node_window()). Faults whose ladder
+    keeps the node in service (a clean-up) are left alone."""
     if settings.window_mode == settings.WindowMode.OFF:
         return choice
     if all(action in IN_SERVICE_ACTIONS for action in choice.ladder):
         return choice
-    why = tripped_window(node, event, settings, now)
+    why = gpu_window(event, settings, now) or node_why
     action = settings.window_action
     if not why or cost(action) <= cost(choice.action):
         return choice

@@ -29,7 +29,7 @@ from .choices import (AGENT_ACTIONS, IN_SERVICE_ACTIONS, STEPS, Status, StepKind
                       cost)
 from .announcements import announce_repair_change
 from .models import Repair, RepairPolicy, RepairSettings, RepairStep
-from .policy import Choice, apply_windows, choose_action, escalate, in_cooldown
+from .policy import Choice, apply_windows, choose_action, escalate, in_cooldown, node_window
 from .rejections import holds_back, rejections_in_force, what_is_new
 from .transitions import Conflict, transition
 
@@ -68,6 +68,7 @@ def recommendation_for(node, now):
                 RepairPolicy.objects.filter(cluster=node.cluster).select_related("updated_by")}
     events = open_problem_events(node, now)
     settings = settings_for(node.cluster)
+    node_why = node_window(node, settings, now)
     best, driving = None, []
     for event in events:
         choice = choose_action(event, policies, now)
@@ -75,7 +76,7 @@ def recommendation_for(node, now):
             continue
         driving.append(event)
         choice = escalate(node, event, choice, now)
-        choice = apply_windows(node, event, choice, settings, now)
+        choice = apply_windows(event, choice, settings, node_why, now)
         if best is None or cost(choice.action) > cost(best[0].action):
             best = (choice, event)
     if best is None:

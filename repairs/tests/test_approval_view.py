@@ -74,6 +74,16 @@ def test_an_unreadable_scheduler_needs_a_confirmation_to_approve(client_for, ope
                              "approved_without_knowing_the_jobs": "scontrol: no answer within 5 s"}
 
 
+def test_rejecting_needs_no_confirmation_of_the_unknown_jobs(client_for, operator, cluster,
+                                                            monkeypatch):
+    use(monkeypatch, FakeScheduler(error="scontrol: no answer within 5 s"))
+    repair = recommend(cluster, "gpu-017")
+    page = client_for(operator).get(reverse("repairs:list", args=[cluster.slug])).text
+    card = page.split(f'id="repair-{repair.public_id}"')[1].split("</article>")[0]
+    assert 'name="confirm_unknown_jobs" required' in card
+    assert card.count("formnovalidate") == 1  # Reject submits without it (Cancel: detail)
+
+
 def test_the_refusal_says_why_on_the_page(client_for, operator, cluster, monkeypatch):
     use(monkeypatch, FakeScheduler(error="scontrol: no answer within 5 s"))
     repair = recommend(cluster, "gpu-017")
