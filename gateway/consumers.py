@@ -23,7 +23,7 @@ from redis.exceptions import RedisError
 
 from common.groups import agent_group
 
-from . import ingest
+from . import ingest, reconnects
 from .frame_limits import FrameBucket, HelloAdmission, NewEventCounts
 from .event_batches import event_writer
 from nodes.live_store import get_live_store
@@ -41,14 +41,18 @@ CLOSE_REPLACED = 4409
 CLOSE_TOO_BIG = 1009
 CLOSE_RATE_LIMITED = 4429
 
-# Hellos (and the token check before them) run on threads of their own: after a server
-# restart thousands of agents say hello at once, and on database_sync_to_async's one thread
-# they would queue behind each other and behind the event writer.
-HELLO_THREADS = 4
-HELLO_POOL = ThreadPoolExecutor(max_workers=HELLO_THREADS, thread_name_prefix="agent-hello")
+# The agents' database work runs on threads of the gateway's own, never on the one thread
+# that Django's sync views share (database_sync_to_async's default): people's pages never
+# wait behind a fleet's reconnects. After a server restart thousands of agents connect at
+# once: their token checks and known hellos (gateway.reconnects, a few ms each) never wait
+# behind the hellos that take the full path (joins, reboots, a changed inventory), which
+# have threads of their own and a bound on how many are in hand. The event writer has its
+# own thread (gateway.event_batches).
+AGENT_THREADS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agent-db")
+FULL_HELLO_THREADS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="agent-full-hello")
 
-
-HELLOS = HelloAdmission(limit=64, retry_after_s=5.0)
+HELLOS = HelloAdmission(limit=256, retry_after_s=5.0)
+FULL_HELLOS = HelloAdmission(limit=16, retry_after_s=5.0)
 NEW_EVENTS = NewEventCounts()
 # An event is acked once its batch is stored; meanwhile the connection reads on (a burst of
 # events goes into one batch). At most this many of a connection's events wait so.
@@ -57,10 +61,14 @@ EVENTS_IN_FLIGHT = 200
 RATE_LIMITED_GAP_S = 10.0
 
 
-def on_hello_threads(func):
-    """`func` as a coroutine function run on HELLO_POOL, database connections handled as
+def on_agent_threads(func):
+    """`func` as a coroutine function run on AGENT_THREADS, database connections handled as
     database_sync_to_async does."""
-    return database_sync_to_async(func, thread_sensitive=False, executor=HELLO_POOL)
+    return database_sync_to_async(func, thread_sensitive=False, executor=AGENT_THREADS)
+
+
+def on_full_hello_threads(func):
+    return database_sync_to_async(func, thread_sensitive=False, executor=FULL_HELLO_THREADS)
 
 
 # What the channel layer raises while Redis is away (channels_redis, redis-py).
@@ -100,7 +108,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.live_store = get_live_store()
         self.token = bearer_token(self.scope)
         try:
-            self.grant = await on_hello_threads(ingest.authenticate)(self.token)
+            self.grant = await on_agent_threads(reconnects.authenticate)(self.token)
         except DATABASE_ERRORS as exc:  # the hello checks it again
             logger.warning("agent token not checked at connect (%s); it is at the hello", exc)
             self.grant = TOKEN_NOT_CHECKED
@@ -206,7 +214,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if self.node_id is None or self.closed:
             return
         await self.channel_layer.group_add(agent_group(self.node_id), self.channel_name)
-        for work in await database_sync_to_async(ingest.work_frames_after_hello)(self.node_id):
+        for work in await on_agent_threads(ingest.work_frames_after_hello)(self.node_id):
             await self.send_frame(work)
 
     async def disconnect(self, code):
@@ -304,35 +312,64 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def on_hello(self, frame):
         if not HELLOS.admit():
-            await self.send_frame({"type": "error", "code": "rate_limited",
-                                   "message": "the server has many hellos in hand; say hello "
-                                              "again after retry_after_s",
-                                   "retry_after_s": HELLOS.retry_after()})
+            await self.refuse_hello(HELLOS)
             return
         try:
             await self.welcome(frame)
         finally:
             HELLOS.done()
 
+    async def refuse_hello(self, admission):
+        await self.send_frame({"type": "error", "code": "rate_limited",
+                               "message": "the server has many hellos in hand; say hello "
+                                          "again after retry_after_s",
+                               "retry_after_s": admission.retry_after()})
+
     async def welcome(self, frame):
         if self.grant is TOKEN_NOT_CHECKED:
-            self.grant = await on_hello_threads(ingest.authenticate)(self.token)
+            self.grant = await on_agent_threads(reconnects.authenticate)(self.token)
             if self.grant is None:
                 await self.close_with(CLOSE_BAD_TOKEN)
                 return
-        outcome = await on_hello_threads(ingest.accept_hello)(self.grant, frame)
+        if self.grant.node_id is not None and frame["node"] == self.grant.node_name:
+            # In the node's group before its hello reads what is owed: work queued from now
+            # on is offered to this connection (after the welcome: one message at a time).
+            await self.join_node_group(self.grant.node_id, frame)
+            known = await on_agent_threads(reconnects.welcome_known_node)(self.grant, frame)
+            if known is not None:
+                self.start_serving(known.node_id, known.cluster_id, frame)
+                await self.send_welcome(None)
+                await self.send_frame(known.config)
+                return
+        if not FULL_HELLOS.admit():
+            await self.refuse_hello(FULL_HELLOS)
+            return
+        try:
+            await self.full_hello(frame)
+        finally:
+            FULL_HELLOS.done()
+
+    async def full_hello(self, frame):
+        """A join, or a hello that changes its node (gateway.ingest.accept_hello)."""
+        outcome = await on_full_hello_threads(ingest.accept_hello)(self.grant, frame)
         if outcome.close_code is not None:
             logger.info("agent hello refused (%s): %s", outcome.close_code, outcome.reason)
             await self.close_with(outcome.close_code)
             return
-        if self.node_id not in (None, outcome.node_id):
-            await self.channel_layer.group_discard(agent_group(self.node_id), self.channel_name)
-        self.node_id = outcome.node_id
-        self.cluster_id = outcome.cluster_id
+        await self.join_node_group(outcome.node_id, frame)
         if outcome.grant is not None:  # joined: the connection is the new node token's now
             self.grant = outcome.grant
-        self.memory_totals = {gpu["uuid"]: gpu.get("memory_total_bytes") for gpu in frame["gpus"]}
-        group = agent_group(self.node_id)
+        self.start_serving(outcome.node_id, outcome.cluster_id, frame)
+        await self.send_welcome(outcome.node_token)
+        for after_welcome in await on_full_hello_threads(ingest.frames_after_welcome)(
+                self.node_id):
+            await self.send_frame(after_welcome)
+
+    async def join_node_group(self, node_id, frame):
+        """This connection becomes its node's: an older one goes (4409)."""
+        if self.node_id not in (None, node_id):
+            await self.channel_layer.group_discard(agent_group(self.node_id), self.channel_name)
+        group = agent_group(node_id)
         try:
             await self.channel_layer.group_send(group, {"type": "agent.replaced",
                                                         "by": self.channel_name})
@@ -340,20 +377,24 @@ class AgentConsumer(AsyncWebsocketConsumer):
         except LAYER_ERRORS as exc:
             # The reader of the layer fails too, and joins the group once Redis is back.
             logger.warning("channel layer unreachable at %s's hello (%s)", frame["node"], exc)
-        welcome = {"type": "welcome", "node_id": outcome.node_id,
+
+    def start_serving(self, node_id, cluster_id, frame):
+        self.node_id, self.cluster_id = node_id, cluster_id
+        self.memory_totals = {gpu["uuid"]: gpu.get("memory_total_bytes") for gpu in frame["gpus"]}
+
+    async def send_welcome(self, node_token):
+        welcome = {"type": "welcome", "node_id": self.node_id,
                    "sample_interval_s": ingest.sample_interval_s()}
-        if outcome.node_token is not None:
-            welcome["node_token"] = outcome.node_token
+        if node_token is not None:
+            welcome["node_token"] = node_token
         await self.send_frame(welcome)
-        for after_welcome in await on_hello_threads(ingest.frames_after_welcome)(self.node_id):
-            await self.send_frame(after_welcome)
 
     async def agent_access(self, message):
         """The node's token was revoked or the node removed (the change feed): if this
         connection's token no longer works, it goes (PROTOCOL.md, 4401)."""
         if self.closed or self.grant in (None, TOKEN_NOT_CHECKED):
             return
-        if not await database_sync_to_async(ingest.grant_usable)(self.grant):
+        if not await on_agent_threads(ingest.grant_usable)(self.grant):
             logger.info("agent connection of node %s closed: its token was revoked or the "
                         "node removed", self.node_id)
             await self.close_with(CLOSE_BAD_TOKEN)
@@ -388,7 +429,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         wait = NEW_EVENTS.take(self.node_id, settings.CLUSTERUI_AGENT_NEW_EVENTS_PER_HOUR)
         counted = not wait
-        if wait and not await database_sync_to_async(ingest.event_received)(frame["id"]):
+        if wait and not await on_agent_threads(ingest.event_received)(frame["id"]):
             await self.rate_limit("event", frame["id"], wait,
                                   f"node {self.node_id} sent "
                                   f"{settings.CLUSTERUI_AGENT_NEW_EVENTS_PER_HOUR} new events "
@@ -414,7 +455,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.send_frame({"type": "ack", "ids": [frame["id"]]})
 
     async def on_check_result(self, frame):
-        if not await database_sync_to_async(ingest.record_check_result)(self.node_id, frame):
+        if not await on_agent_threads(ingest.record_check_result)(self.node_id, frame):
             await self.send_frame({
                 "type": "error", "code": "bad_message",
                 "message": f"check_result.run_id: no run {frame['run_id']} for this node",
@@ -425,24 +466,24 @@ class AgentConsumer(AsyncWebsocketConsumer):
         from the change feed)."""
         if self.node_id is None or self.closed:
             return
-        frames = await database_sync_to_async(ingest.work_frames)(
+        frames = await on_agent_threads(ingest.work_frames)(
             self.node_id, message["kind"], [message["id"]])
         for frame in frames:
             await self.send_frame(frame)
 
     async def on_command_result(self, frame):
-        if not await database_sync_to_async(ingest.record_command_result)(self.node_id, frame):
+        if not await on_agent_threads(ingest.record_command_result)(self.node_id, frame):
             await self.send_frame({
                 "type": "error", "code": "bad_message",
                 "message": f"command_result.id: no command {frame['id']} for this node",
             })
 
     async def on_script_result(self, frame):
-        await database_sync_to_async(ingest.record_script_result)(self.node_id, frame)
+        await on_agent_threads(ingest.record_script_result)(self.node_id, frame)
 
     async def config_changed(self, message):
         """An admin saved a startup script or changed the node's role (an AGENT_CONFIG change,
         offered by the publisher)."""
         if self.node_id is None or self.closed:
             return
-        await self.send_frame(await database_sync_to_async(ingest.config_frame)(self.node_id))
+        await self.send_frame(await on_agent_threads(ingest.config_frame)(self.node_id))

@@ -10,6 +10,7 @@ event and nothing waits on a timer; in a storm, one transaction stores hundreds
 import asyncio
 import logging
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 from channels.db import database_sync_to_async
 
@@ -18,6 +19,8 @@ from . import ingest
 logger = logging.getLogger(__name__)
 
 MAX_BATCH = 500
+# One batch at a time, on a thread of its own: never the thread Django's sync views share.
+EVENT_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-events")
 
 _writers = weakref.WeakKeyDictionary()  # one per event loop (tests run several)
 
@@ -39,7 +42,8 @@ class EventWriter:
         while self._waiting:
             batch, self._waiting = self._waiting[:MAX_BATCH], self._waiting[MAX_BATCH:]
             try:
-                outcomes = await database_sync_to_async(ingest.ingest_events)(
+                outcomes = await database_sync_to_async(
+                    ingest.ingest_events, thread_sensitive=False, executor=EVENT_THREAD)(
                     [(node_id, frame) for node_id, frame, _ in batch])
             except Exception:  # noqa: BLE001 - every waiting connection gets its answer
                 logger.exception("a batch of %d agent events was not stored", len(batch))

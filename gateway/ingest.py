@@ -38,7 +38,6 @@ from nodes.services import (
     do_record_command_result,
     do_record_hello,
     do_register_node,
-    find_usable_token,
     opened_by_a_repair,
     rejoin_opening,
     use_join_token,
@@ -54,10 +53,12 @@ class TokenGrant:
     kind: str
     cluster_id: int
     node_id: int | None
+    node_name: str = ""  # a node token's node
 
     @classmethod
     def of(cls, token):
-        return cls(token.pk, token.kind, token.cluster_id, token.node_id)
+        return cls(token.pk, token.kind, token.cluster_id, token.node_id,
+                   token.node.name if token.node_id is not None else "")
 
 
 @dataclass(frozen=True)
@@ -68,15 +69,6 @@ class HelloOutcome:
     grant: TokenGrant | None = None  # after a join: the connection goes on as the new token's
     close_code: int | None = None
     reason: str = ""
-
-
-def authenticate(plaintext):
-    """The grant for a usable agent token, or None."""
-    token = find_usable_token(plaintext)
-    if token is None:
-        return None
-    AgentToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
-    return TokenGrant.of(token)
 
 
 def grant_usable(grant, now=None):

@@ -6,6 +6,8 @@ which closes it. Until then the inventory only grows by itself: a hello's new GP
 index joins it, one at an index another GPU holds (a replacement) waits to be accepted.
 """
 
+import hashlib
+import json
 from dataclasses import dataclass
 
 GPU_LOST = "gpu_lost"
@@ -22,6 +24,15 @@ def hello_gpu(gpu):
         "pci_bus_id": gpu.get("pci_bus_id") or "",
         "memory_total_bytes": gpu.get("memory_total_bytes"),
     }
+
+
+def hello_digest(*, agent_version, gpus, slurm):
+    """What of a hello is stored on its node (agent version, GPUs with serials, Slurm state),
+    as one string: a later hello with the same digest and boot id changes nothing
+    (gateway/known_hello.py)."""
+    content = [agent_version, list(gpus), ((slurm or {}).get("state") or "")[:64]]
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def inventory_gpu(gpu):

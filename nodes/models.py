@@ -82,6 +82,10 @@ class Node(models.Model):
         null=True, blank=True,
         help_text="the GPUs of the latest hello, as the agent listed them (null: none recorded)",
     )
+    hello_digest = models.CharField(
+        max_length=64, blank=True,
+        help_text="nodes.inventory.hello_digest of the latest hello: a re-hello with the same "
+        "digest and boot id takes the gateway's two-statement path")
 
     class Meta:
         ordering = ["cluster", "name"]

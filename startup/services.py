@@ -186,17 +186,19 @@ def diff_lines(old, new):
 # Delivery
 
 
-def scripts_for_node(node):
-    """The `startup_scripts` of a node's config frame: its cluster's current scripts for
-    its role, each with `env`: the secrets its body names as $NAME (clusters/secret_store.py),
-    which the agent hands the script as environment variables and masks in its output."""
+def scripts_for(cluster_id, role):
+    """The `startup_scripts` of a config frame: the cluster's current scripts for the role,
+    each with `env`: the secrets its body names as $NAME (clusters/secret_store.py), which
+    the agent hands the script as environment variables and masks in its output. One read,
+    and one more only where a script names a secret: this runs at every hello."""
     scripts = list(StartupScript.objects.filter(
-        cluster_id=node.cluster_id, role=node.role, current_version__isnull=False
+        cluster_id=cluster_id, role=role, current_version__isnull=False
     ).select_related("current_version").order_by("event", "id"))
-    try:  # one read for all the scripts: this runs at every hello
+    try:
         secrets = values_referenced_in(*(s.current_version.body for s in scripts))
     except SecretsUnavailable as exc:  # the scripts run, without them; the log says why
-        logger.error("startup scripts go to node %s without their secrets: %s", node.name, exc)
+        logger.error("startup scripts go to %s nodes of cluster %s without their secrets: %s",
+                     role, cluster_id, exc)
         secrets = {}
     entries = []
     for s in scripts:
@@ -210,10 +212,15 @@ def scripts_for_node(node):
     return entries
 
 
-def config_frame_for(node_id, sample_interval_s):
-    node = Node.objects.get(pk=node_id)
+def config_frame_from(cluster_id, role, sample_interval_s):
+    """The `config` frame for a node of this cluster and role."""
     return {"type": "config", "sample_interval_s": sample_interval_s,
-            "startup_scripts": scripts_for_node(node)}
+            "startup_scripts": scripts_for(cluster_id, role)}
+
+
+def config_frame_for(node_id, sample_interval_s):
+    node = Node.objects.only("cluster_id", "role").get(pk=node_id)
+    return config_frame_from(node.cluster_id, node.role, sample_interval_s)
 
 
 def announce_scripts_changed(cluster):

@@ -11,7 +11,7 @@ import pytest
 from channels.db import database_sync_to_async
 from django.db import OperationalError
 
-from gateway import consumers, ingest
+from gateway import consumers, ingest, reconnects
 from nodes.models import AgentCommand, Node
 from gateway.publisher import Publisher
 from nodes.services import do_send_command
@@ -71,16 +71,16 @@ async def test_any_frame_that_fails_is_answered_and_the_connection_stays(
 
 async def test_a_token_the_database_could_not_check_at_connect_is_checked_at_the_hello(
         join_token, monkeypatch):
-    monkeypatch.setattr(ingest, "authenticate", failing(1, ingest.authenticate))
+    monkeypatch.setattr(reconnects, "authenticate", failing(1, reconnects.authenticate))
     agent = await connect(join_token)  # accepted: the database was away
     await send(agent, hello())
     assert (await receive(agent))["type"] == "welcome"
-    assert len(ingest.authenticate.calls) == 2
+    assert len(reconnects.authenticate.calls) == 2
     await agent.disconnect()
 
 
 async def test_a_bad_token_not_checked_at_connect_is_closed_4401_at_the_hello(monkeypatch):
-    monkeypatch.setattr(ingest, "authenticate", failing(1, ingest.authenticate))
+    monkeypatch.setattr(reconnects, "authenticate", failing(1, reconnects.authenticate))
     agent = await connect("cuj_unknown")
     await send(agent, hello())
     assert await closed_with(agent) == 4401

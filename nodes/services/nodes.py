@@ -13,7 +13,7 @@ from clusters.models import Cluster
 from clusters.services import record_audit
 
 from ..choices import NodeRole
-from ..inventory import hello_gpu
+from ..inventory import hello_digest, hello_gpu
 from ..models import AgentEventReceipt, AgentToken, Gpu, Node
 from ..states import refresh_node_state
 
@@ -54,6 +54,7 @@ def do_record_hello(node: Node, *, boot_id, agent_version="", gpus=(), slurm=Non
         agent_version=agent_version,
         hello_gpus=hello,
         slurm_state=((slurm or {}).get("state") or "")[:64],
+        hello_digest=hello_digest(agent_version=agent_version, gpus=gpus, slurm=slurm),
         **({"booted_at": now} if rebooted else {}),
     )
     _add_new_gpus(node, hello, {gpu["uuid"]: gpu.get("serial") or "" for gpu in gpus})

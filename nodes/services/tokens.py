@@ -82,12 +82,14 @@ def do_issue_node_token(node: Node, *, now: datetime | None = None) -> tuple[Age
 
 
 def use_join_token(token, *, now):
-    """A join token is about to register or re-join a node: a single-use one is spent now.
-    False when another hello spent it first (the caller refuses this one)."""
+    """A join token is about to register or re-join a node: its use is noted (the cluster's
+    settings page shows it), and a single-use one is spent now. False when another hello
+    spent it first (the caller refuses this one)."""
     if not token.single_use:
+        AgentToken.objects.filter(pk=token.pk).update(last_used_at=now)
         return True
     return AgentToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
-        revoked_at=now) == 1
+        revoked_at=now, last_used_at=now) == 1
 
 
 def find_usable_token(plaintext, *, now=None):
