@@ -29,6 +29,7 @@ from .event_batches import event_writer
 from nodes.live_store import get_live_store
 from .protocol import MAX_FRAME_BYTES, BadFrame, known_hygiene, live_entry, parse_frame, quick_read
 from .publisher import ensure_publisher
+from .series import AGENTS_CONNECTED, EVENT_ACK_SECONDS, HELLOS_IN_HAND, RATE_LIMITED
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +52,13 @@ CLOSE_RATE_LIMITED = 4429
 AGENT_THREADS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agent-db")
 FULL_HELLO_THREADS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="agent-full-hello")
 
-HELLOS = HelloAdmission(limit=256, retry_after_s=5.0)
-FULL_HELLOS = HelloAdmission(limit=16, retry_after_s=5.0)
+# In hand: known hellos take a few ms each; full ones tens of ms on FULL_HELLO_THREADS, so
+# 64 of those are a second or two of work, and a refused one comes back soon enough that
+# the threads never idle while agents wait.
+HELLOS = HelloAdmission(limit=256, retry_after_s=2.0)
+FULL_HELLOS = HelloAdmission(limit=64, retry_after_s=2.0)
+HELLOS_IN_HAND.labels("all").set_function(lambda: HELLOS.in_hand)
+HELLOS_IN_HAND.labels("full").set_function(lambda: FULL_HELLOS.in_hand)
 NEW_EVENTS = NewEventCounts()
 # An event is acked once its batch is stored; meanwhile the connection reads on (a burst of
 # events goes into one batch). At most this many of a connection's events wait so.
@@ -220,6 +226,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code):
         self.closed = True
         if self.node_id is not None:
+            AGENTS_CONNECTED.dec()
             await self.channel_layer.group_discard(agent_group(self.node_id), self.channel_name)
 
     async def close_with(self, code):
@@ -286,6 +293,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         """Answer a frame rate_limited (PROTOCOL.md); an event (`event_id`) is sent again
         after retry_after_s. A connection that goes on past it (refusals less than
         RATE_LIMITED_GAP_S apart) for CLUSTERUI_AGENT_RATE_LIMIT_CLOSE_S is closed with 4429."""
+        RATE_LIMITED.labels("event" if kind == "event" else "frame").inc()
         now = time.monotonic()
         if self.limited_since is None or now - self.last_limited > RATE_LIMITED_GAP_S:
             self.limited_since = now
@@ -320,6 +328,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             HELLOS.done()
 
     async def refuse_hello(self, admission):
+        RATE_LIMITED.labels("hello").inc()
         await self.send_frame({"type": "error", "code": "rate_limited",
                                "message": "the server has many hellos in hand; say hello "
                                           "again after retry_after_s",
@@ -379,6 +388,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             logger.warning("channel layer unreachable at %s's hello (%s)", frame["node"], exc)
 
     def start_serving(self, node_id, cluster_id, frame):
+        if self.node_id is None:
+            AGENTS_CONNECTED.inc()
         self.node_id, self.cluster_id = node_id, cluster_id
         self.memory_totals = {gpu["uuid"]: gpu.get("memory_total_bytes") for gpu in frame["gpus"]}
 
@@ -435,11 +446,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
                                   f"{settings.CLUSTERUI_AGENT_NEW_EVENTS_PER_HOUR} new events "
                                   f"this hour")
             return  # (a resend of one stored before is acked again, over the cap or not)
-        task = asyncio.ensure_future(self.store_and_answer(self.node_id, frame, counted))
+        task = asyncio.ensure_future(self.store_and_answer(self.node_id, frame, counted,
+                                                           time.monotonic()))
         self.events_in_flight.add(task)
         task.add_done_callback(self.events_in_flight.discard)
 
-    async def store_and_answer(self, node_id, frame, counted):
+    async def store_and_answer(self, node_id, frame, counted, received):
         outcome = await event_writer().store(node_id, frame)
         if counted and outcome is not ingest.EventOutcome.STORED:
             NEW_EVENTS.give_back(node_id)  # a resend, or not stored: not a new event
@@ -453,6 +465,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                                   f"{settings.CLUSTERUI_AGENT_OPEN_EVENTS_MAX} open events")
         else:
             await self.send_frame({"type": "ack", "ids": [frame["id"]]})
+            EVENT_ACK_SECONDS.observe(time.monotonic() - received)
 
     async def on_check_result(self, frame):
         if not await on_agent_threads(ingest.record_check_result)(self.node_id, frame):

@@ -59,6 +59,7 @@ class Agent:
         self.backend = simulated.SimulatedBackend(node)
         self.node_metrics = node_metrics
         self.ws = None
+        self.hellos_again = 0  # hellos answered rate_limited or server_error, said again
         self.seq = 0
         self.parts = None
         # Re-encodings spread evenly over REFRESH_S, not all 2,000 in one burst.
@@ -92,6 +93,7 @@ class Agent:
                 if frame["type"] == "error" and frame.get("code") in ("server_error",
                                                                       "rate_limited"):
                     # As agent.connection.client does: the same hello again on this connection.
+                    self.hellos_again += 1
                     await asyncio.sleep(retry_after(frame))
                     await self.ws.send(protocol.encode(hello))
                     welcome_due.reschedule(asyncio.get_running_loop().time() + welcome_timeout)

@@ -50,7 +50,7 @@ TS_IN_ENTRY = re.compile(rb'"ts": ?([-0-9.eE+]+)')
 DELIVERED_MIN = 0.97
 P99_MAX_S = 0.200
 
-SERVERS = ("daphne", "uvicorn", "uvicorn-uvloop", "bare", "bare-orjson")
+SERVERS = ("daphne", "gateway", "uvicorn", "uvicorn-uvloop", "bare", "bare-orjson")
 
 
 def log(message):
@@ -88,6 +88,8 @@ def server_argv(kind, port, args):
     if kind == "daphne":  # as README.md runs it in production
         return [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                 "clusterui.asgi:application"]
+    if kind == "gateway":  # the agent gateway process (gateway/server.py)
+        return [PY, "manage.py", "agent_gateway", "--bind", "127.0.0.1", "--port", str(port)]
     if kind.startswith("uvicorn"):
         loop = "uvloop" if kind == "uvicorn-uvloop" else "asyncio"
         return [PY, "-m", "uvicorn", "clusterui.asgi:application", "--host", "127.0.0.1",

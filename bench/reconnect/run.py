@@ -1,7 +1,7 @@
 """The reconnect benchmark: a server restart drops every agent connection at once; how long
-until all are welcomed again?
+until all are welcomed again? Then a thousand new nodes join at once.
 
-    bench/reconnect/run.sh [--nodes 4000] [--sample-hz 1]
+    bench/reconnect/run.sh [--nodes 4000] [--sample-hz 1] [--join 1000]
 
 Production mode (bench/reconnect/run.sh: a throwaway PostgreSQL and Redis), one daphne on
 core 0; this driver on core 1 holds every node's agent connection (bench/storm/run.py's
@@ -12,7 +12,16 @@ delays of agent.connection.client.backoff_delay, full jitter from 1 s doubling t
 gives up after 10 s, a welcome after 30 s from the hello or from
 the last answer that asked for it again). It prints, from the moment the new daphne
 listens, the time until each agent's welcome: p50, p99, max, and how many were welcomed.
-Target (issue 14): all 4,000 within 30 s.
+Target (issue 25): all 4,000 within 30 s.
+
+Then (--join N) N new nodes join at once with one join token, each as the agent does (a
+connect gives up after 10 s and is tried again after the agent's backoff; a hello answered
+rate_limited is said again after retry_after_s): the handshakes that failed, the hellos
+answered rate_limited, and the time until all N were welcomed. Target: none failed.
+
+Throughout both, a person's page: GET /healthz (a Django view that reads PostgreSQL and
+Redis) every 0.2 s from a thread of its own; its p50/p99/max latency per phase. Target:
+within a second.
 """
 
 import argparse
@@ -25,7 +34,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,6 +73,84 @@ class ReconnectingAgent(storm.StormAgent):
             attempt += 1
 
 
+class PagePoller:
+    """GET a page every `every_s` from a thread: (seconds, status) of each, by phase."""
+
+    def __init__(self, url, every_s=0.2):
+        self.url, self.every_s = url, every_s
+        self.phase, self.answers = "idle", {}
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.poll, daemon=True)
+
+    def poll(self):
+        while not self.stopped.is_set():
+            started = time.monotonic()
+            try:
+                with urllib.request.urlopen(self.url, timeout=30) as response:
+                    status = response.status
+            except urllib.error.HTTPError as exc:
+                status = exc.code
+            except OSError:
+                status = None  # refused (the server is down) or timed out
+            self.answers.setdefault(self.phase, []).append(
+                (time.monotonic() - started, status))
+            self.stopped.wait(max(0.0, self.every_s - (time.monotonic() - started)))
+
+    def figures(self, phase):
+        answered = sorted(seconds for seconds, status in self.answers.get(phase, [])
+                          if status is not None)
+        if not answered:
+            return {"pages": 0}
+        return {"pages": len(answered),
+                "page_p50_ms": round(percentile(answered, 50) * 1000),
+                "page_p99_ms": round(percentile(answered, 99) * 1000),
+                "page_max_ms": round(answered[-1] * 1000),
+                "page_errors": sum(1 for _, status in self.answers[phase]
+                                   if status not in (200, None))}
+
+
+def issue_join_token():
+    """A join token of the bench cluster (bench/storm/run.py prepared Django)."""
+    from clusters.models import Cluster
+    from nodes.services import do_issue_join_token
+
+    return do_issue_join_token(Cluster.objects.get(slug=storm.SLUG))[1]
+
+
+async def join_storm(url, join_token, count, node_metrics):
+    """`count` new nodes join at once, each as the agent does; their figures."""
+    tracker = storm.Tracker()
+    agents = [ReconnectingAgent(f"bench-join-{n:05d}", join_token, url, node_metrics,
+                                tracker=tracker) for n in range(count)]
+    failed_handshakes = 0
+    rng = random.Random(3)
+    started = time.time()
+
+    async def join(agent):
+        nonlocal failed_handshakes
+        attempt = 0
+        while True:
+            try:
+                await agent.start(None, open_timeout=CONNECT_TIMEOUT_S,
+                                  welcome_timeout=WELCOME_TIMEOUT_S)
+                agent.welcomes.append(time.time())
+                return
+            except Exception:  # noqa: BLE001 - as the agent: try again after its backoff
+                failed_handshakes += 1
+                if agent.ws is not None:
+                    await agent.ws.close()
+            await asyncio.sleep(backoff_delay(attempt, rng))
+            attempt += 1
+
+    await asyncio.gather(*(join(agent) for agent in agents))
+    welcomed = sorted(agent.welcomes[0] - started for agent in agents)
+    await asyncio.gather(*(agent.ws.close() for agent in agents), return_exceptions=True)
+    return {"joined": len(welcomed), "failed_handshakes": failed_handshakes,
+            "join_p50_s": round(percentile(welcomed, 50), 1),
+            "join_all_s": round(welcomed[-1], 1),
+            "hellos_said_again": sum(agent.hellos_again for agent in agents)}
+
+
 def start_server(kind, port, workdir, n):
     logfile = open(workdir / f"{kind}-{n}.log", "w")
     argv = ingest.pinned(0, storm.server_argv(kind, port))
@@ -85,7 +175,7 @@ async def wait_listening(port, proc):
     return time.time()
 
 
-async def run(args, fleet, port, workdir):
+async def run(args, fleet, port, workdir, join_token):
     tracker = storm.Tracker()
     node_metrics = loadgen.NodeMetrics()
     await asyncio.sleep(0.2)
@@ -110,7 +200,10 @@ async def run(args, fleet, port, workdir):
     await asyncio.gather(*(first_connect(agent) for agent in agents))
     log(f"{len(agents)} agents welcomed in {time.monotonic() - started:.1f} s; "
         f"{args.settle_s:g} s of samples")
+    pages = PagePoller(f"http://127.0.0.1:{port}/healthz")
+    pages.thread.start()
     await asyncio.sleep(args.settle_s)
+    idle_pages = pages.figures("idle")
     rng = random.Random(2)
 
     async def after_first(agent):
@@ -120,6 +213,7 @@ async def run(args, fleet, port, workdir):
         await agent.keep_connected(rng, attempt=1)
 
     tasks += [asyncio.get_running_loop().create_task(after_first(agent)) for agent in agents]
+    pages.phase = "reconnect"
     server.send_signal(signal.SIGKILL)
     server.wait()
     killed_at = time.time()
@@ -133,6 +227,16 @@ async def run(args, fleet, port, workdir):
         await asyncio.sleep(0.25)
     back = sorted(min(at for at in agent.welcomes if at > killed_at) - listening_at
                   for agent in agents if any(at > killed_at for at in agent.welcomes))
+    reconnect_pages = pages.figures("reconnect")
+    log(f"{len(back)} of {len(agents)} welcomed again: p50 {percentile(back, 50):.1f} s, "
+        f"p99 {percentile(back, 99):.1f} s, max {back[-1]:.1f} s; pages {reconnect_pages}")
+    joined = {}
+    if args.join:
+        pages.phase = "join"
+        joined = await join_storm(url, join_token, args.join, node_metrics)
+        joined.update(pages.figures("join"))
+        log(f"join storm: {joined}")
+    pages.stopped.set()
     for task in tasks:
         task.cancel()
     await asyncio.gather(*(agent.ws.close() for agent in agents), return_exceptions=True)
@@ -148,6 +252,9 @@ async def run(args, fleet, port, workdir):
         "max_s": round(back[-1], 1) if back else None,
         "restart_s": round(listening_at - killed_at, 1),
         "limit_s": args.limit_s,
+        "idle": idle_pages,
+        "reconnect_pages": reconnect_pages,
+        "join": joined,
     }
 
 
@@ -158,6 +265,8 @@ def main():
     parser.add_argument("--server", choices=storm.SERVERS, default="daphne",
                         help="what serves the agent socket (uvicorn: with uvloop)")
     parser.add_argument("--settle-s", type=float, default=10.0)
+    parser.add_argument("--join", type=int, default=1000,
+                        help="new nodes that join at once after the reconnect (0: none)")
     parser.add_argument("--limit-s", type=float, default=180.0,
                         help="after the restart, at most this long for the agents to come back")
     args = parser.parse_args()
@@ -169,7 +278,7 @@ def main():
                    timeout=600)
     storm.prepare(fleet_path)
     fleet = json.loads(fleet_path.read_text())
-    figures = asyncio.run(run(args, fleet, ingest.free_port(), workdir))
+    figures = asyncio.run(run(args, fleet, ingest.free_port(), workdir, issue_join_token()))
     print()
     print(f"reconnect bench, {datetime.date.today()}, {os.cpu_count()} cores, production "
           f"mode, {args.server} x1, {args.nodes} nodes, samples at {args.sample_hz:g} Hz")

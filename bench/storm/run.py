@@ -240,7 +240,7 @@ ACTIVITY = """SELECT pid, state, wait_event_type, wait_event,
     AND pid <> pg_backend_pid() ORDER BY xact_start"""
 
 
-SERVERS = ("daphne", "uvicorn")
+SERVERS = ("daphne", "gateway", "uvicorn")
 
 
 def server_argv(kind, port):

@@ -7,6 +7,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+import pytest_asyncio
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.utils import timezone
@@ -19,6 +20,7 @@ from healthchecks.models import HealthEvent
 from gateway import ingest
 from nodes.models import AgentToken, Node, NodeTransition
 from nodes.services import do_issue_join_token, do_open_rejoin, do_revoke_agent_token
+from gateway.tests.gateway_client import GatewayCommunicator, serving_gateway
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True),
               pytest.mark.usefixtures("in_memory_channel_layer")]
@@ -46,9 +48,33 @@ def event(signature="xid:79", **extra):
             **extra}
 
 
+# Where connect() goes: None, AgentConsumer in this process through Channels' test
+# communicator (what daphne serves); or the URL of the agent gateway's server
+# (gateway/server.py) on a loopback port, over a real socket (the `served_by` fixture).
+GATEWAY_URL = None
+
+
+@pytest_asyncio.fixture(autouse=True, params=["channels", "gateway"])
+async def served_by(request):
+    """Every test here runs against both servers of the agent socket."""
+    global GATEWAY_URL
+    if request.param == "channels":
+        yield request.param
+        return
+    async with serving_gateway() as url:
+        GATEWAY_URL = url
+        try:
+            yield request.param
+        finally:
+            GATEWAY_URL = None
+
+
 async def connect(token):
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
-    communicator = WebsocketCommunicator(application, "/ws/agent/", headers=headers)
+    if GATEWAY_URL is not None:
+        communicator = GatewayCommunicator(GATEWAY_URL, headers)
+    else:
+        communicator = WebsocketCommunicator(application, "/ws/agent/", headers=headers)
     connected, _ = await communicator.connect()
     assert connected
     return communicator

@@ -1,0 +1,17 @@
+import asyncio
+
+from django.core.management.base import BaseCommand
+
+from gateway.server import run_gateway
+
+
+class Command(BaseCommand):
+    help = ("Serve the agent socket (/ws/agent/) on the websockets library: a gateway process "
+            "for large fleets (gateway/server.py). Web processes serve everything else.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--bind", default="127.0.0.1", help="address to listen on")
+        parser.add_argument("--port", type=int, default=8001)
+
+    def handle(self, *args, bind, port, **options):
+        asyncio.run(run_gateway(bind, port))
