@@ -200,7 +200,17 @@ async def run(args, fleet, port, workdir, join_token):
     await asyncio.gather(*(first_connect(agent) for agent in agents))
     log(f"{len(agents)} agents welcomed in {time.monotonic() - started:.1f} s; "
         f"{args.settle_s:g} s of samples")
-    pages = PagePoller(f"http://127.0.0.1:{port}/healthz")
+    web, web_port = None, port
+    if args.server == "gateway":
+        # Pages come from a web process, as in production: daphne on core 1 (the gateway
+        # took the publisher's lease first; the web process takes it while the gateway is
+        # down, and the tick then runs there).
+        web_port = ingest.free_port()
+        web = subprocess.Popen(ingest.pinned(1, storm.server_argv("daphne", web_port)),
+                               cwd=REPO, env={**os.environ, "LOG_LEVEL": "WARNING"},
+                               stdout=open(workdir / "web.log", "w"), stderr=subprocess.STDOUT)
+        await wait_listening(web_port, web)
+    pages = PagePoller(f"http://127.0.0.1:{web_port}/healthz")
     pages.thread.start()
     await asyncio.sleep(args.settle_s)
     idle_pages = pages.figures("idle")
@@ -240,11 +250,14 @@ async def run(args, fleet, port, workdir, join_token):
     for task in tasks:
         task.cancel()
     await asyncio.gather(*(agent.ws.close() for agent in agents), return_exceptions=True)
-    server.send_signal(signal.SIGTERM)
-    try:
-        server.wait(15)
-    except subprocess.TimeoutExpired:
-        server.kill()
+    for process in (server, web):
+        if process is None:
+            continue
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
     return {
         "nodes": len(agents), "welcomed_again": len(back),
         "p50_s": round(percentile(back, 50), 1) if back else None,
