@@ -5,7 +5,7 @@ from api import views as api_views
 from api.urls import urlpatterns as api_patterns
 from clusters import accounts, oidc
 from clusters import views as cluster_views
-from gateway.views import metrics
+from gateway.views import metrics, metrics_targets
 from overview import views as overview_views
 
 from . import views
@@ -46,6 +46,7 @@ urlpatterns = [
     path("oidc/callback/", login_not_required(oidc.CallbackView.as_view()),
          name="oidc_authentication_callback"),
     path("metrics", metrics, name="metrics"),
+    path("metrics/targets", metrics_targets, name="metrics_targets"),
     path("api/v1/", include((api_patterns, "api"))),
     path("account/api-tokens/", api_views.token_list, name="api_tokens"),
     path("account/api-tokens/<str:prefix>/revoke/", api_views.token_revoke,

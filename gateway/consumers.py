@@ -50,7 +50,7 @@ CLOSE_RATE_LIMITED = 4429
 # have threads of their own and a bound on how many are in hand. The event writer has its
 # own thread (gateway.event_batches).
 AGENT_THREADS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agent-db")
-FULL_HELLO_THREADS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="agent-full-hello")
+FULL_HELLO_THREADS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agent-full-hello")
 
 # In hand: known hellos take a few ms each; full ones tens of ms on FULL_HELLO_THREADS, so
 # 64 of those are a second or two of work, and a refused one comes back soon enough that
@@ -319,7 +319,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.send_frame(error)
 
     async def on_hello(self, frame):
-        if not HELLOS.admit():
+        if not HELLOS.admit(id(self)):
             await self.refuse_hello(HELLOS)
             return
         try:
@@ -350,7 +350,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 await self.send_welcome(None)
                 await self.send_frame(known.config)
                 return
-        if not FULL_HELLOS.admit():
+        if not FULL_HELLOS.admit(id(self)):
             await self.refuse_hello(FULL_HELLOS)
             return
         try:

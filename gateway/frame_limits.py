@@ -14,6 +14,7 @@ no I/O. gateway.consumers asks before it handles a frame; a frame refused here i
 
 import random
 import time
+from collections import deque
 
 
 class FrameBucket:
@@ -67,20 +68,47 @@ class NewEventCounts:
 class HelloAdmission:
     """How many hellos this process has in hand. Past `limit` (a couple of seconds of work)
     a hello is answered rate_limited at once: left to queue, it would wait past the agent's
-    welcome timeout, and the work done for it would be lost when the agent gives up."""
+    welcome timeout, and the work done for it would be lost when the agent gives up.
 
-    def __init__(self, limit, retry_after_s):
+    The answer's retry_after_s is the wait the backlog implies: the connections refused in
+    the last WINDOW_S and not admitted since, over the hellos finished a second, at least
+    retry_after_s and at most MAX_RETRY_AFTER_S. A thousand nodes joining at once then come
+    back about when their turn comes, instead of asking again every second or two (each
+    refusal costs the core too). The most, jitter included, stays under the agent's welcome
+    timeout (30 s, which it restarts only once it has said the hello again)."""
+
+    WINDOW_S = 10.0
+    MAX_RETRY_AFTER_S = 15.0
+
+    def __init__(self, limit, retry_after_s, clock=time.monotonic):
         self.limit, self.retry_after_s, self.in_hand = limit, retry_after_s, 0
+        self.clock = clock
+        self.finished = deque()  # times, within WINDOW_S
+        self.waiting = {}  # a refused connection -> when it was last refused
 
-    def admit(self):
+    def admit(self, who=None):
+        """`who`: the connection (anything hashable), so that one refused twice counts once."""
         if self.in_hand >= self.limit:
+            self.waiting[who] = self.clock()
             return False
+        self.waiting.pop(who, None)
         self.in_hand += 1
         return True
 
     def done(self):
         self.in_hand -= 1
+        self.finished.append(self.clock())
 
     def retry_after(self):
-        """Spread over 0.5-1.5 times retry_after_s, so refused agents come back apart."""
-        return round(self.retry_after_s * random.uniform(0.5, 1.5), 1)
+        """The backlog's wait, spread over 0.5-1.5 times it, so refused agents come back
+        apart."""
+        since = self.clock() - self.WINDOW_S
+        while self.finished and self.finished[0] < since:
+            self.finished.popleft()
+        self.waiting = {who: at for who, at in self.waiting.items() if at >= since}
+        # Over the time the window holds: at the start of a storm that is less than WINDOW_S.
+        per_second = (len(self.finished) / max(self.clock() - self.finished[0], 1.0)
+                      if self.finished else 0.0)
+        wait = len(self.waiting) / per_second if per_second else self.retry_after_s
+        wait = min(max(wait, self.retry_after_s), self.MAX_RETRY_AFTER_S)
+        return round(wait * random.uniform(0.5, 1.5), 1)

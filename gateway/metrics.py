@@ -2,7 +2,12 @@
 names and labels, so NVIDIA's stock DCGM Grafana dashboard works on clusterui's data
 unchanged (written as dcgm-exporter writes them: prometheus-client would add `_total` to
 its counters); then the console's own series (clusterui_*), written by prometheus-client,
-for alerting (deploy/prometheus/clusterui.rules.yml)."""
+for alerting (deploy/prometheus/clusterui.rules.yml).
+
+A scrape covers every cluster, or one (`?cluster=<slug>`: its GPU and console series), or
+the series of no cluster (`?cluster=` empty: the publisher's tick and this process's agent
+socket). A fleet of thousands of nodes is scraped per cluster, each its own target, which
+Prometheus finds at /metrics/targets (http_sd_targets); bench/metrics_scrape.py measures."""
 
 from datetime import datetime, timezone
 
@@ -21,6 +26,8 @@ from nodes.choices import NodeState
 from nodes.live_store import get_live_store, stale_after_s
 from nodes.models import Gpu, Node, PublisherStatus
 from nodes.states import OUT_OF_SERVICE
+
+from .series import render_gateway_series
 
 MIB = 1024 * 1024
 
@@ -54,10 +61,18 @@ def escape(value):
     return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+# A GPU's fields that its labels need, as render_dcgm reads them (no model objects: a
+# 2,000-node cluster has 16,000 GPUs to label at every scrape).
+GPU_LABEL_FIELDS = ("pk", "node_id", "index", "uuid", "pci_bus_id", "name", "node__hostname",
+                    "node__name")
+
+
 def labels(gpu, cluster_slug):
-    pairs = [("gpu", gpu.index), ("UUID", gpu.uuid), ("pci_bus_id", gpu.pci_bus_id),
-             ("device", f"nvidia{gpu.index}"), ("modelName", gpu.name),
-             ("Hostname", gpu.node.hostname or gpu.node.name), ("cluster", cluster_slug)]
+    """dcgm-exporter's labels of a GPU, from a row of GPU_LABEL_FIELDS."""
+    _, _, index, uuid, pci_bus_id, name, hostname, node_name = gpu
+    pairs = [("gpu", index), ("UUID", uuid), ("pci_bus_id", pci_bus_id),
+             ("device", f"nvidia{index}"), ("modelName", name),
+             ("Hostname", hostname or node_name), ("cluster", cluster_slug)]
     return ",".join(f'{key}="{escape(value)}"' for key, value in pairs)
 
 
@@ -73,24 +88,48 @@ def open_xids():
     return xids
 
 
-def render_metrics(now_ts):
-    return render_dcgm(now_ts) + render_console(now_ts)
+ALL_CLUSTERS = None  # render_metrics' `clusters`: every cluster and the process's series
+NO_CLUSTER = ""  # only the series of no cluster
 
 
-def render_dcgm(now_ts):
+def render_metrics(now_ts, cluster_slug=ALL_CLUSTERS):
+    """The scrape: every cluster's series and those of no cluster (ALL_CLUSTERS), one
+    cluster's (its slug), or only those of no cluster (NO_CLUSTER)."""
+    clusters = Cluster.objects.only("slug")
+    if cluster_slug is not ALL_CLUSTERS:
+        clusters = clusters.filter(slug=cluster_slug)
+    clusters = {cluster.pk: cluster for cluster in clusters}
+    text = render_dcgm(now_ts, clusters) + render_console(now_ts, clusters)
+    if cluster_slug in (ALL_CLUSTERS, NO_CLUSTER):
+        text += render_process(now_ts)
+    return text
+
+
+def http_sd_targets(host):
+    """Prometheus' http_sd: one target per cluster, and one for the series of no cluster."""
+    targets = [{"targets": [host], "labels": {"__param_cluster": cluster.slug,
+                                              "clusterui_scope": cluster.slug}}
+               for cluster in Cluster.objects.only("slug").order_by("slug")]
+    targets.append({"targets": [host], "labels": {"__param_cluster": NO_CLUSTER,
+                                                  "clusterui_scope": "process"}})
+    return targets
+
+
+def render_dcgm(now_ts, clusters):
     store = get_live_store()
-    gpus = Gpu.objects.select_related("node").only(
-        "index", "uuid", "pci_bus_id", "name", "node__name", "node__hostname", "node__cluster_id")
+    gpus = Gpu.objects.filter(node__cluster_id__in=list(clusters)).values_list(
+        *GPU_LABEL_FIELDS)
     by_node = {}
     for gpu in gpus:
-        by_node.setdefault(gpu.node_id, {})[gpu.uuid] = gpu
+        by_node.setdefault(gpu[1], {})[gpu[3]] = gpu
     xids = open_xids()
     lines = {name: [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
              for name, help_, kind, _ in GPU_SERIES}
     xid_lines = [f"# HELP {XID_SERIES[0]} {XID_SERIES[1]}", f"# TYPE {XID_SERIES[0]} gauge"]
-    for cluster in Cluster.objects.only("slug"):
+    stale = stale_after_s()
+    for cluster in clusters.values():
         for entry in store.read(cluster.pk).values():
-            if now_ts - entry["received_at"] > stale_after_s():
+            if now_ts - entry["received_at"] > stale:
                 continue  # a silent node has no current value; Prometheus marks it stale
             known = by_node.get(entry["node_id"], {})
             for live_gpu in entry["gpus"]:
@@ -102,7 +141,7 @@ def render_dcgm(now_ts):
                     value = value_of(live_gpu)
                     if value is not None:
                         lines[name].append(f"{name}{{{label_text}}} {value:g}")
-                xid_lines.append(f"{XID_SERIES[0]}{{{label_text}}} {xids.get(gpu.pk, 0)}")
+                xid_lines.append(f"{XID_SERIES[0]}{{{label_text}}} {xids.get(gpu[0], 0)}")
     return "\n".join([*(line for series in lines.values() for line in series), *xid_lines]) + "\n"
 
 
@@ -113,11 +152,13 @@ REPAIR_DURATION_BUCKETS = (60, 300, 900, 1800, 3600, 7200, 14400)
 class ConsoleCollector:
     """The console's own series, read from the database and the live store at each scrape."""
 
-    def __init__(self, now_ts):
+    def __init__(self, now_ts, clusters):
         self.now_ts = now_ts
+        self.cluster_ids = list(clusters)
 
     def collect(self):
-        clusters = {cluster.pk: cluster for cluster in Cluster.objects.all()}
+        clusters = {cluster.pk: cluster for cluster in
+                    Cluster.objects.filter(pk__in=self.cluster_ids)}
         store = get_live_store()
         live = {cluster_id: store.read(cluster_id) for cluster_id in clusters}
         yield from self.nodes(clusters)
@@ -195,13 +236,7 @@ class ConsoleCollector:
                                  sum(self.now_ts - at <= stale for at in received))
             if received:
                 lag.add_metric([cluster.slug], max(0.0, self.now_ts - max(received)))
-        tick = GaugeMetricFamily("clusterui_publisher_tick_age_seconds",
-                                 "Seconds since the live publisher last ran.")
-        status = PublisherStatus.objects.order_by("-seen_at").first()
-        if status is not None:
-            now = datetime.fromtimestamp(self.now_ts, tz=timezone.utc)
-            tick.add_metric([], max(0.0, (now - status.seen_at).total_seconds()))
-        return connected, lag, tick
+        return connected, lag
 
     def hygiene(self, clusters, live):
         """Node hygiene's readings (sample.hygiene) of the nodes reporting now."""
@@ -264,7 +299,32 @@ class ConsoleCollector:
         return firing, deliveries
 
 
-def render_console(now_ts):
+class ProcessCollector:
+    """The series of no cluster: how long ago the live publisher ran."""
+
+    def __init__(self, now_ts):
+        self.now_ts = now_ts
+
+    def collect(self):
+        tick = GaugeMetricFamily("clusterui_publisher_tick_age_seconds",
+                                 "Seconds since the live publisher last ran.")
+        status = PublisherStatus.objects.order_by("-seen_at").first()
+        if status is not None:
+            now = datetime.fromtimestamp(self.now_ts, tz=timezone.utc)
+            tick.add_metric([], max(0.0, (now - status.seen_at).total_seconds()))
+        yield tick
+
+
+def _render(collector):
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ConsoleCollector(now_ts))
+    registry.register(collector)
     return generate_latest(registry).decode()
+
+
+def render_console(now_ts, clusters):
+    return _render(ConsoleCollector(now_ts, clusters))
+
+
+def render_process(now_ts):
+    """The series of no cluster: the publisher's, and this process's agent socket's."""
+    return _render(ProcessCollector(now_ts)) + render_gateway_series()

@@ -5,11 +5,10 @@ import time
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
-from django.http import HttpResponse
+from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
-from .metrics import render_metrics
-from .series import render_gateway_series
+from .metrics import ALL_CLUSTERS, http_sd_targets, render_metrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -27,14 +26,32 @@ def scrape_refusal(authorization):
     return None
 
 
+def refused(request):
+    refusal = scrape_refusal(request.headers.get("Authorization"))
+    if refusal is None:
+        return None
+    status, text, headers = refusal
+    return HttpResponse(text, status=status, content_type="text/plain", headers=headers)
+
+
 @login_not_required
 @require_GET
 def metrics(request):
-    """Prometheus scrape endpoint: the GPU and console series, and this process's agent
-    socket's own (in embedded mode, every agent's)."""
-    refusal = scrape_refusal(request.headers.get("Authorization"))
+    """Prometheus scrape endpoint: every cluster's GPU and console series and those of no
+    cluster (this process's agent socket's too), or one cluster's (`?cluster=<slug>`), or
+    only those of no cluster (`?cluster=`)."""
+    refusal = refused(request)
     if refusal is not None:
-        status, text, headers = refusal
-        return HttpResponse(text, status=status, content_type="text/plain", headers=headers)
-    return HttpResponse(render_metrics(time.time()) + render_gateway_series(),
-                        content_type=CONTENT_TYPE)
+        return refusal
+    cluster = request.GET.get("cluster", ALL_CLUSTERS)
+    return HttpResponse(render_metrics(time.time(), cluster), content_type=CONTENT_TYPE)
+
+
+@login_not_required
+@require_GET
+def metrics_targets(request):
+    """Prometheus' http_sd_configs: a target per cluster (deploy/prometheus/prometheus.yml)."""
+    refusal = refused(request)
+    if refusal is not None:
+        return refusal
+    return JsonResponse(http_sd_targets(request.get_host()), safe=False)

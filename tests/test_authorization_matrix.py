@@ -84,6 +84,7 @@ TABLE = {
     "login": Row(get=signed_out_and_in(200, 302), post=signed_out_and_in(200, 302)),
     "logout": Row(get=not_allowed(), post=everyone(302)),
     "metrics": Row(get=everyone(401), post=everyone(405)),  # bearer token: see below
+    "metrics_targets": Row(get=everyone(401), post=everyone(405)),  # the same token
     "healthz": Row(get=everyone(200), post=everyone(405)),
     # Sign-in pages (their guards: clusters/tests/test_break_glass.py, test_oidc_views.py).
     # An empty break-glass form is shown again with its errors; the OIDC views are 404 while
@@ -398,15 +399,16 @@ def test_a_signed_out_htmx_request_is_told_to_sign_in(world, name, route, method
 
 
 @pytest.mark.django_db
-def test_metrics_wants_its_bearer_token(client, settings):
+@pytest.mark.parametrize("path", ["/metrics", "/metrics?cluster=", "/metrics/targets"])
+def test_metrics_wants_its_bearer_token(client, settings, path):
     settings.CLUSTERUI_METRICS_TOKEN = "metrics-token-for-tests"
-    assert client.get("/metrics").status_code == 401
-    wrong = client.get("/metrics", headers={"Authorization": "Bearer not-it"})
+    assert client.get(path).status_code == 401
+    wrong = client.get(path, headers={"Authorization": "Bearer not-it"})
     assert wrong.status_code == 401
-    right = client.get("/metrics", headers={"Authorization": "Bearer metrics-token-for-tests"})
+    right = client.get(path, headers={"Authorization": "Bearer metrics-token-for-tests"})
     assert right.status_code == 200
     settings.CLUSTERUI_METRICS_TOKEN = None
-    assert client.get("/metrics").status_code == 404  # off until a token is set
+    assert client.get(path).status_code == 404  # off until a token is set
 
 
 @pytest.mark.django_db

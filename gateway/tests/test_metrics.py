@@ -82,3 +82,48 @@ def test_metrics_need_the_bearer_token(client, scraping):
 def test_metrics_are_off_without_a_token_setting(client, settings):
     settings.CLUSTERUI_METRICS_TOKEN = None
     assert scrape(client).status_code == 404
+
+
+def sample_of(gpu):
+    return {"type": "sample", "seq": 1, "ts": time.time(), "node": {},
+            "gpus": [{"uuid": gpu.uuid, "util_pct": 50}]}
+
+
+def test_a_scrape_per_cluster_holds_that_clusters_series_only(client, cluster, memory_store,
+                                                             scraping):
+    from clusters.tests.factories import ClusterFactory
+
+    other = ClusterFactory(name="other", slug="other")
+    uuids = {}
+    for owner in (cluster, other):
+        gpu = GpuFactory(node=NodeFactory(cluster=owner))
+        uuids[owner.slug] = gpu.uuid
+        memory_store.record(owner.pk, live_entry(sample_of(gpu), node_id=gpu.node_id,
+                                                 received_at=time.time(), memory_totals={}))
+
+    one = client.get(f"/metrics?cluster={cluster.slug}",
+                     HTTP_AUTHORIZATION=f"Bearer {TOKEN}").content.decode()
+    assert f'UUID="{uuids[cluster.slug]}"' in one and uuids["other"] not in one
+    assert f'clusterui_nodes{{cluster="{cluster.slug}"' in one
+    assert 'cluster="other"' not in one
+    assert "clusterui_gateway_" not in one and "clusterui_publisher_" not in one
+
+    process = client.get("/metrics?cluster=", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    text = process.content.decode()
+    assert "clusterui_gateway_agents_connected" in text and "DCGM_FI_DEV_GPU_UTIL{" not in text
+    assert "cluster=" not in text
+
+    everything = scrape(client).content.decode()
+    assert uuids["other"] in everything and "clusterui_gateway_" in everything
+
+
+def test_prometheus_finds_a_target_per_cluster(client, cluster, scraping):
+    assert client.get("/metrics/targets").status_code == 401
+    response = client.get("/metrics/targets", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert response.status_code == 200
+    assert response.json() == [
+        {"targets": ["testserver"],
+         "labels": {"__param_cluster": cluster.slug, "clusterui_scope": cluster.slug}},
+        {"targets": ["testserver"],
+         "labels": {"__param_cluster": "", "clusterui_scope": "process"}},
+    ]

@@ -14,7 +14,7 @@ from healthchecks.services import do_record_health_event
 from nodes.choices import NodeState
 from gateway.protocol import live_entry
 from nodes.live_store import get_live_store, reset_live_store
-from gateway.metrics import render_console
+from gateway.metrics import render_metrics
 from notifications.models import Alert
 from repairs.tests.factories import RepairFactory
 
@@ -65,7 +65,7 @@ def test_the_console_series_count_what_the_console_holds(cluster, memory_store):
                                                received_at=now_ts - 2, memory_totals={},
                                                hygiene=hygiene))
 
-    values = series(render_console(now_ts))
+    values = series(render_metrics(now_ts, cluster.slug))
 
     slug = cluster.slug
     assert values[f'clusterui_nodes{{cluster="{slug}",state="unhealthy"}}'] == 1
@@ -94,7 +94,7 @@ def test_the_console_series_count_what_the_console_holds(cluster, memory_store):
 def test_promtool_finds_the_exposition_well_formed(cluster, memory_store):
     RepairFactory(node=NodeFactory(cluster=cluster), status="failed",
                   started_at=timezone.now() - timedelta(hours=1), finished_at=timezone.now())
-    checked = subprocess.run([promtool(), "check", "metrics"], input=render_console(time.time()),
+    checked = subprocess.run([promtool(), "check", "metrics"], input=render_metrics(time.time()),
                              capture_output=True, text=True, timeout=30)
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
@@ -104,3 +104,16 @@ def test_the_alert_rules_pass_promtool():
                              text=True, timeout=30)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "SUCCESS: 12 rules found" in checked.stdout
+
+
+def test_the_example_prometheus_config_passes_promtool(tmp_path):
+    """deploy/prometheus/prometheus.yml: per-cluster targets through http_sd."""
+    token = tmp_path / "clusterui-token"
+    token.write_text("s3cret\n")
+    config = (RULES.parent / "prometheus.yml").read_text()
+    (tmp_path / "prometheus.yml").write_text(
+        config.replace("/etc/prometheus/clusterui-token", str(token)))
+    (tmp_path / RULES.name).write_text(RULES.read_text())
+    checked = subprocess.run([promtool(), "check", "config", str(tmp_path / "prometheus.yml")],
+                             capture_output=True, text=True, timeout=30)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
