@@ -53,8 +53,8 @@ AGENT_THREADS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agent-db")
 FULL_HELLO_THREADS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agent-full-hello")
 
 # In hand: known hellos take a few ms each; full ones tens of ms on FULL_HELLO_THREADS, so
-# 64 of those are a second or two of work, and a refused one comes back soon enough that
-# the threads never idle while agents wait.
+# 64 of those are a few seconds of work. A refused hello is told when its turn should come
+# (HelloAdmission.retry_after).
 HELLOS = HelloAdmission(limit=256, retry_after_s=2.0)
 FULL_HELLOS = HelloAdmission(limit=64, retry_after_s=2.0)
 HELLOS_IN_HAND.labels("all").set_function(lambda: HELLOS.in_hand)
