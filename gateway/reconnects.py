@@ -113,7 +113,8 @@ def welcome_known_node(grant, frame, now=None):
         f"AND NOT EXISTS (SELECT 1 FROM {_table(Gpu)} g WHERE g.{gpu['node']} = n.id "
         f"AND g.{gpu['removed_at']} IS NULL AND g.{gpu['missing_since']} IS NOT NULL) "
         f"AND NOT ({work}) "
-        f"RETURNING n.{node['cluster']}, n.{node['role']}")
+        # Unqualified: SQLite's RETURNING does not know the table's alias.
+        f"RETURNING {node['cluster']}, {node['role']}")
     params = [at, at, grant.node_id, frame["node"], frame["boot_id"], digest,
               grant.token_id, at, *work_params]
     with connection.cursor() as cursor:
