@@ -245,13 +245,13 @@ async def test_a_node_token_with_another_nodes_name_does_not_replace_that_nodes_
     await live.disconnect()
 
 
-async def test_an_expired_acceptance_or_pending_battery_takes_the_full_path(
-        join_token, cluster, monkeypatch):
+async def test_a_node_whose_acceptance_is_pending_takes_the_full_path(join_token,
+                                                                      monkeypatch):
     node_token = await joined(join_token)
     await database_sync_to_async(Node.objects.filter(name="gpu-001").update)(
         acceptance_required=True)
     calls = await full_path_taken(monkeypatch)
-    communicator, frames = await say_hello(node_token)
+    communicator, _ = await say_hello(node_token)
     await communicator.disconnect()
     assert calls == ["gpu-001"]
 
