@@ -1,12 +1,14 @@
 """The live publisher: the only thing that pushes to browsers and offers work to agents.
 
-One asyncio task per server process flushes that process's live-store buffer every 100 ms.
+One asyncio task per server process flushes that process's live-store buffer every 100 ms,
+and once a minute writes the minute's NodeRollup rows of the samples that process received.
 One of them (in production, the holder of a Redis lease; in embedded mode, the only one)
 also
-- once a second and for each cluster: reads the whole live store, builds the summary,
-  sends it to the browsers' group `cluster.<slug>`, adds the tick to the minute's rollups,
-  writes `last_seen` of every node heard from, in one UPDATE, and runs the slow GPU rule
-  (healthchecks/slow_gpus.py: it needs every node's latest sample);
+- once a second and for each cluster: reads the fold of the live samples
+  (nodes/live_fold.py: sums kept as samples arrive, not every node's sample read again),
+  builds the summary, sends it to the browsers' group `cluster.<slug>`, adds the tick to the
+  minute's ClusterRollup, writes `last_seen` of the nodes heard from since the last tick,
+  and runs the slow GPU rule (healthchecks/slow_gpus.py) over the GPUs at load;
 - every FEED_EVERY_S: reads the change feed (clusters/change_feed.py), whoever wrote it (a
   view, a consumer, a Celery worker), and pushes it: one "health.changed",
   "repair.changed" or "check.changed" per cluster however many rows, and to a node's agent
@@ -43,9 +45,10 @@ from healthchecks.slow_gpus import SlowGpuWatch
 
 from nodes.agent_work import parse_offer
 from nodes.choices import NodeState
+from nodes.live_fold import ClusterMinute
 from nodes.live_store import get_live_store, stale_after_s
 from nodes.models import Node, NodeTransition, PublisherStatus
-from nodes.rollups import RollupAccumulator, fresh_entries, summarize_usage, write_rollups
+from nodes.rollups import write_cluster_rollups, write_node_rollups
 
 logger = logging.getLogger(__name__)
 
@@ -165,8 +168,7 @@ class Publisher:
     def __init__(self, store=None, channel_layer=None):
         self.store = store or get_live_store()
         self.channel_layer = channel_layer or get_channel_layer()
-        self.rollups = RollupAccumulator()
-        self.seen_written = {}
+        self.cluster_minute = ClusterMinute()
         self.slow_gpus = SlowGpuWatch(slow_gpu_limits())
         self.gpu_models, self.gpu_models_read_at = {}, None
         self.leading = False
@@ -174,8 +176,9 @@ class Publisher:
         self.identity = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
     async def run(self):
-        """Flush every 100 ms; once a second, a tick in a task of its own, so that the tick's
-        database work and snapshot never hold up the flushes (ingest latency)."""
+        """Flush every 100 ms; once a second, a tick in a task of its own (the leader's, or
+        this process's minute), so that its database work never holds up the flushes
+        (ingest latency)."""
         next_publish = next_feed = time.monotonic()
         tick = feed = None
         while True:
@@ -190,9 +193,12 @@ class Publisher:
                 # rollups) still runs: leadership never lapses for being busy.
                 if await self.renew_lease():
                     self.start_pending = True  # the next tick marks the (re)start
-                if self.leading and (tick is None or tick.done()):
-                    tick = asyncio.create_task(self.tick(self.start_pending))
-                    self.start_pending = False
+                if tick is None or tick.done():
+                    if self.leading:
+                        tick = asyncio.create_task(self.tick(self.start_pending))
+                        self.start_pending = False
+                    else:
+                        tick = asyncio.create_task(self.write_node_minute())
             if self.leading and now >= next_feed and (feed is None or feed.done()):
                 next_feed = now + FEED_EVERY_S
                 feed = asyncio.create_task(self.push_changes())
@@ -230,6 +236,16 @@ class Publisher:
         held = await self.store.client.eval(TAKE_OR_RENEW, 1, LEASE_KEY, self.identity, LEASE_MS)
         return bool(held)
 
+    async def write_node_minute(self, now=None):
+        """Write the minute of this process's samples, once it has ended."""
+        try:
+            finished = self.store.node_minute.finish_if_new_minute(
+                now or datetime.now(tz=dt_timezone.utc))
+            if finished:
+                await sync_to_async(write_node_rollups, thread_sensitive=False)(*finished)
+        except Exception:
+            logger.exception("writing the minute's node rollups failed")
+
     async def publish_once(self, now=None, just_started=False):
         now = now or datetime.now(tz=dt_timezone.utc)
         now_ts = now.timestamp()
@@ -240,46 +256,32 @@ class Publisher:
             models_due)
         if models is not None:
             self.gpu_models, self.gpu_models_read_at = models, now_ts
+        fold = await self.store.read_fold()
         seen, openings, closings = {}, [], []
         for cluster_id, facts in clusters.items():
-            snapshot = await self.store.snapshot(cluster_id)
-            # The arithmetic over every node's sample runs in worker threads: for 2,000 nodes
-            # it takes 40-90 ms, which on the event loop held up the ingest's frames and the
-            # live store's flushes (bench/README.md). One tick runs at a time, and only the
-            # tick touches self.rollups and self.slow_gpus.
-            entries, usage = await sync_to_async(fresh_usage, thread_sensitive=False)(
-                snapshot, now_ts)
+            # On the event loop, where the samples are recorded into the fold: the work here
+            # grows with what changed since the last tick, not with the fleet.
+            cluster_fold = fold.cluster(cluster_id)
+            cluster_fold.expire(now_ts - stale_after_s())
+            usage = cluster_fold.usage()
+            seen.update(cluster_fold.take_heard())
             summary = build_summary(facts["slug"], facts, usage, now_ts)
             await self.channel_layer.group_send(
                 cluster_group(facts["slug"]), {"type": "cluster.summary", "summary": summary})
-            finished, (opened, closed) = await sync_to_async(self.fold, thread_sensitive=False)(
-                cluster_id, usage, entries, now, open_slow)
+            finished = self.cluster_minute.add(cluster_id, usage, now)
             if finished:
-                await sync_to_async(write_rollups, thread_sensitive=False)(*finished)
-            for entry in entries:
-                if entry["received_at"] > self.seen_written.get(entry["node_id"], 0):
-                    seen[entry["node_id"]] = entry["received_at"]
+                await sync_to_async(write_cluster_rollups, thread_sensitive=False)(*finished)
+            # The rule compares every GPU at load: in a worker thread, off the event loop.
+            opened, closed = await sync_to_async(self.slow_gpus.check, thread_sensitive=False)(
+                cluster_id, cluster_fold.gpus_at_load(), self.gpu_models, open_slow, now_ts)
             openings += opened
             closings += closed
+        await self.write_node_minute(now)
         await sync_to_async(record_tick, thread_sensitive=False)(seen, now,
                                                                  just_started=just_started)
-        self.seen_written.update(seen)
         if openings or closings:
             await sync_to_async(record_slow_gpus, thread_sensitive=False)(openings, closings, now)
         return clusters
-
-    def fold(self, cluster_id, usage, entries, now, open_slow):
-        """Add a cluster's tick to the minute's rollups and run the slow GPU rule over it:
-        (the minute that just ended or None, (openings, closings))."""
-        finished = self.rollups.add(cluster_id, usage, entries, now)
-        return finished, self.slow_gpus.check(cluster_id, entries, self.gpu_models, open_slow,
-                                              now.timestamp())
-
-
-def fresh_usage(snapshot, now_ts):
-    """The snapshot's fresh entries, and the cluster's usage from them."""
-    entries = fresh_entries(snapshot, now_ts, stale_after_s())
-    return entries, summarize_usage(entries)
 
 
 _task = None

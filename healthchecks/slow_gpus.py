@@ -1,8 +1,9 @@
 """Slow GPU, a passive rule on the server: a GPU much slower than its peers under the same load.
 
 Pure: live samples in, decisions out; no database, no clock, no settings. The live publisher
-(gateway/publisher.py) runs it once a second per cluster, the one place that sees every node's
-latest sample, and writes the decisions through the health event services.
+(gateway/publisher.py) runs it once a second per cluster over the GPUs at load of every node's
+latest sample (nodes/live_fold.py), and writes the decisions through the health event
+services.
 
 The rule, per cluster and GPU model (Gpu.name):
 - comparable: a GPU at `min_util_pct` or more with an SM clock, when at least `min_peers`
@@ -63,27 +64,25 @@ class SlowGpuWatch:
     slow_since: dict = field(default_factory=dict)  # cluster id -> {(node id, uuid): ts}
     back_since: dict = field(default_factory=dict)  # cluster id -> {(node id, uuid): ts}
 
-    def check(self, cluster_id, entries, models, open_keys, now_ts):
+    def check(self, cluster_id, nodes_at_load, models, open_keys, now_ts):
         """One tick of one cluster: ([Opening], [Closing]).
 
-        entries: the cluster's fresh live entries ({node_id, gpus: [{uuid, util_pct,
-        sm_clock_mhz, ...}]}); models: {GPU uuid: model name}; open_keys: {(node id, uuid)}
-        of the open slow_gpu events.
+        nodes_at_load: [(node id, GPUs)] of the cluster's fresh samples, a GPU being a
+        nodes.live_fold.GpuAtLoad (uuid, util_pct, sm_clock_mhz, temp_c, power_w,
+        clock_event_reasons); GPUs below min_util_pct or without an SM clock may be left out
+        (they say nothing). models: {GPU uuid: model name}; open_keys: {(node id, uuid)} of
+        the open slow_gpu events.
         """
         limits = self.limits
-        # Two passes, and no object made per GPU unless it is slow or its event is open: with
-        # 16,000 GPUs a tick, short-lived tuples by the thousand would wake the garbage
-        # collector, which then scans the whole process (see nodes/live_store.py).
         clocks = {}  # model -> SM clocks of its GPUs at load
-        for entry in entries:
-            for gpu in entry["gpus"]:
-                util, clock = gpu.get("util_pct"), gpu.get("sm_clock_mhz")
-                if util is not None and util >= limits.min_util_pct and clock is not None:
-                    model = models.get(gpu["uuid"])
+        for _, gpus in nodes_at_load:
+            for gpu in gpus:
+                if gpu.util_pct >= limits.min_util_pct and gpu.sm_clock_mhz is not None:
+                    model = models.get(gpu.uuid)
                     if model in clocks:
-                        clocks[model].append(clock)
+                        clocks[model].append(gpu.sm_clock_mhz)
                     elif model:
-                        clocks[model] = [clock]
+                        clocks[model] = [gpu.sm_clock_mhz]
         medians = {model: (statistics.median(values), len(values))
                    for model, values in clocks.items() if len(values) - 1 >= limits.min_peers}
 
@@ -95,28 +94,26 @@ class SlowGpuWatch:
         still_slow, still_back = {}, {}
         openings, closings = [], []
         highest = max((limits.clock_ratio * median for median, _ in medians.values()), default=0)
-        for entry in entries if medians else ():
-            node_id = entry["node_id"]
+        for node_id, gpus in nodes_at_load if medians else ():
             open_here = open_by_node.get(node_id, ())
-            for gpu in entry["gpus"]:
-                clock = gpu.get("sm_clock_mhz")
+            for gpu in gpus:
+                clock = gpu.sm_clock_mhz
                 if clock is None or (clock >= highest and not open_here):
                     continue  # most GPUs: fast enough for any model, and nothing open
-                util = gpu.get("util_pct")
-                if util is None or util < limits.min_util_pct:
+                if gpu.util_pct < limits.min_util_pct:
                     continue
-                model = models.get(gpu["uuid"])
+                model = models.get(gpu.uuid)
                 if model not in medians:
                     continue
                 median, compared = medians[model]
                 if clock < limits.clock_ratio * median:
-                    key = (node_id, gpu["uuid"])
+                    key = (node_id, gpu.uuid)
                     since = still_slow[key] = slow_since.get(key, now_ts)
-                    if gpu["uuid"] not in open_here and now_ts - since >= limits.hold_s:
+                    if gpu.uuid not in open_here and now_ts - since >= limits.hold_s:
                         openings.append(self._opening(key, gpu, model, median, compared,
                                                       now_ts - since))
-                elif gpu["uuid"] in open_here:
-                    key = (node_id, gpu["uuid"])
+                elif gpu.uuid in open_here:
+                    key = (node_id, gpu.uuid)
                     since = still_back[key] = back_since.get(key, now_ts)
                     if now_ts - since >= limits.clear_s:
                         closings.append(Closing(*key, reason=(
@@ -128,7 +125,7 @@ class SlowGpuWatch:
 
     def _opening(self, key, gpu, model, median, compared, held_s):
         limits = self.limits
-        clock = gpu["sm_clock_mhz"]
+        clock = gpu.sm_clock_mhz
         return Opening(*key, message=(
             f"SM clock {clock:g} MHz, {clock / median:.0%} of the median {median:g} MHz of "
             f"{compared} {model} GPUs at {limits.min_util_pct:g} % utilization or more, "
@@ -138,9 +135,9 @@ class SlowGpuWatch:
             "median_sm_clock_mhz": median,
             "threshold_mhz": round(limits.clock_ratio * median, 1),
             "peers": compared - 1,
-            "util_pct": gpu.get("util_pct"),
-            "temp_c": gpu.get("temp_c"),
-            "power_w": gpu.get("power_w"),
-            "clock_event_reasons": gpu.get("clock_event_reasons"),
+            "util_pct": gpu.util_pct,
+            "temp_c": gpu.temp_c,
+            "power_w": gpu.power_w,
+            "clock_event_reasons": gpu.clock_event_reasons,
             "held_s": round(held_s, 1),
         })

@@ -1,18 +1,24 @@
 """The live store: the latest sample of every node, and nothing older.
 
 Samples never reach the database. The agent consumer calls record() for each sample (no
-I/O); the publisher calls flush() every 100 ms and snapshot() once a second.
+I/O); the publisher calls flush() every 100 ms, and its leader read_fold() once a second.
+record() also folds the sample into what the publisher's tick needs (nodes/live_fold.py):
+its NodeReading and this process's NodeMinute.
 
-- MemoryLiveStore (embedded mode): process memory; the one server process sees everything.
-- RedisLiveStore (production): record() encodes the entry and buffers it; flush() writes the
-  buffer to one Redis hash per cluster in one pipeline, so every server process reads the
-  whole fleet.
+- MemoryLiveStore (embedded mode): process memory; the one server process sees everything
+  and folds every reading.
+- RedisLiveStore (production): record() encodes the entry and its reading and buffers them;
+  flush() writes the entries to one Redis hash per cluster, so that every server process
+  reads the whole fleet (pages, /metrics), and appends the readings to one Redis list, in
+  one pipeline. The leader's read_fold() takes the list's readings into its fold.
 """
 
 import asyncio
 
 import orjson
 from django.conf import settings
+
+from .live_fold import LiveFold, NodeMinute, decode_reading, encode_reading, node_reading
 
 
 LIVE_KEY = "clusterui:live:{cluster_id}"
@@ -21,6 +27,12 @@ LIVE_KEY = "clusterui:live:{cluster_id}"
 RECORDED_KEY = "clusterui:live:recorded"
 # A node that stopped reporting drops out of the store after this long.
 LIVE_TTL_S = 3600
+# Every process's readings since the leader's last read_fold(), a JSON list per flush. While
+# no process leads (a handover), the newest batches are kept: enough for a minute of 10
+# processes, each flushing 10 times a second.
+READINGS_KEY = "clusterui:live:readings"
+READINGS_KEPT = 6000
+READINGS_TTL_S = 60
 
 
 def stale_after_s():
@@ -43,18 +55,33 @@ def _decode_all(raw):
     return {int(node_id): _decode(value) for node_id, value in raw.items()}
 
 
+def _decode_readings(batches):
+    """[(cluster id, NodeReading)] of the readings' batches, oldest first."""
+    return [decode_reading(values) for batch in batches for values in orjson.loads(batch)]
+
+
+def _min_util_pct():
+    """Where the slow GPU rule starts comparing a GPU: the fold keeps only such GPUs."""
+    return settings.CLUSTERUI_SLOW_GPU_MIN_UTIL_PCT
+
+
 class MemoryLiveStore:
     def __init__(self):
         self.latest = {}  # cluster_id -> {node_id: entry}
+        self.fold = LiveFold()
+        self.node_minute = NodeMinute()
 
     def record(self, cluster_id, entry):
         self.latest.setdefault(cluster_id, {})[entry["node_id"]] = entry
+        self.fold.add(cluster_id, node_reading(entry, _min_util_pct()))
+        self.node_minute.add(entry)
 
     async def flush(self):
         return 0
 
-    async def snapshot(self, cluster_id):
-        return self.read(cluster_id)
+    async def read_fold(self):
+        """The fold of every reading (the publisher's leader, once a second)."""
+        return self.fold
 
     def read(self, cluster_id):
         """The snapshot, for synchronous callers (views)."""
@@ -72,7 +99,10 @@ class RedisLiveStore:
     def __init__(self, url):
         self.url = url
         self.pending = {}  # cluster_id -> {node_id: the entry, encoded}
+        self.pending_readings = []  # this process's readings since the last flush, encoded
         self.recorded = 0  # samples recorded since the last flush
+        self.fold = LiveFold()  # every process's readings; read_fold() fills it (the leader)
+        self.node_minute = NodeMinute()  # of this process's samples
         self._client = None
 
     @property
@@ -89,10 +119,14 @@ class RedisLiveStore:
         # thousands a second were promoted to the oldest generation, and each of its full
         # collections stopped the process for up to a quarter of a second).
         self.pending.setdefault(cluster_id, {})[entry["node_id"]] = _encode(entry)
+        self.pending_readings.append(
+            orjson.dumps(encode_reading(cluster_id, node_reading(entry, _min_util_pct()))))
         self.recorded += 1
+        self.node_minute.add(entry)
 
     async def flush(self):
         pending, self.pending = self.pending, {}
+        readings, self.pending_readings = self.pending_readings, []
         recorded, self.recorded = self.recorded, 0
         if not pending:
             return 0
@@ -102,14 +136,22 @@ class RedisLiveStore:
                 key = LIVE_KEY.format(cluster_id=cluster_id)
                 pipe.hset(key, mapping=entries)
                 pipe.expire(key, LIVE_TTL_S)
+            pipe.rpush(READINGS_KEY, b"[" + b",".join(readings) + b"]")
+            pipe.ltrim(READINGS_KEY, -READINGS_KEPT, -1)
+            pipe.expire(READINGS_KEY, READINGS_TTL_S)
             await pipe.execute()
         return sum(len(entries) for entries in pending.values())
 
-    async def snapshot(self, cluster_id):
-        raw = await self.client.hgetall(LIVE_KEY.format(cluster_id=cluster_id))
-        # Decoded in a worker thread: 2,000 entries take 20-40 ms, which on the event loop
-        # held up the ingest (bench/README.md).
-        return await asyncio.to_thread(_decode_all, raw)
+    async def read_fold(self):
+        """Every process's readings since the last call, taken into this process's fold."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.lrange(READINGS_KEY, 0, -1)
+            pipe.delete(READINGS_KEY)
+            batches, _ = await pipe.execute()
+        # Decoded in a worker thread: on the event loop it would hold up the ingest.
+        for cluster_id, reading in await asyncio.to_thread(_decode_readings, batches):
+            self.fold.add(cluster_id, reading)
+        return self.fold
 
     def read(self, cluster_id):
         """The snapshot, for synchronous callers (views), on a connection of their own."""

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from healthchecks.slow_gpus import Closing, SlowGpuLimits, SlowGpuWatch
+from nodes.live_fold import GpuAtLoad
 
 TRACE = json.loads((Path(__file__).resolve().parents[2] / "agent" / "data" / "h200"
                     / "nvml_trace.json").read_text())
@@ -39,7 +40,9 @@ def test_the_trace_is_what_the_defaults_were_chosen_from():
 
 
 def entries(tick, *, nodes=2, slow=None, idle=()):
-    """A tick's live entries: `nodes` nodes of 8 H200s at load; SLOW reads `slow` if given."""
+    """A tick's [(node id, GPUs)] as the publisher hands them over (nodes/live_fold.py):
+    `nodes` nodes of 8 H200s at load; SLOW reads `slow` if given. Idle GPUs are kept in:
+    the rule leaves them out itself."""
     result = []
     for node_id in range(1, nodes + 1):
         gpus = []
@@ -50,8 +53,8 @@ def entries(tick, *, nodes=2, slow=None, idle=()):
                 gpu = slow
             if (node_id, uuid) in idle:
                 gpu = IDLE
-            gpus.append({"uuid": uuid, **gpu})
-        result.append({"node_id": node_id, "gpus": gpus})
+            gpus.append(GpuAtLoad(uuid=uuid, **gpu))
+        result.append((node_id, tuple(gpus)))
     return result
 
 

@@ -1,0 +1,229 @@
+"""The live samples, folded in as they are recorded: what the publisher's tick needs, at a
+cost per sample instead of a cost per node every second.
+
+The tick used to decode every node's latest entry each second and add them all up: for
+2,000 nodes, 40 % of a core before any sample arrived (bench/README.md, 2026-12-02). Now a
+sample is reduced when it is recorded (nodes/live_store.py):
+- to a NodeReading: its usage as a few numbers, and its GPUs at load (the slow GPU rule
+  compares only those). A ClusterFold keeps each node's latest reading with running sums,
+  and lets a reading go when it turns stale: the tick reads the sums, the nodes heard since
+  the last tick (last_seen) and the GPUs at load;
+- into a NodeMinute: each node's minute of GPU and node metrics, written as NodeRollup rows
+  when the minute ends.
+
+In embedded mode the one process folds its own samples. In production every server process
+sends its readings to Redis, where the publisher's leader folds them (nodes/live_store.py),
+and writes the minutes of the nodes whose samples it received.
+"""
+
+import heapq
+from datetime import datetime, timezone as dt_timezone
+from typing import NamedTuple
+
+from .rollups import CLUSTER_METRICS, GPU_METRICS, NODE_METRICS, add_values, reading
+
+
+class GpuAtLoad(NamedTuple):
+    """A GPU's readings as the slow GPU rule (healthchecks/slow_gpus.py) reads them."""
+    uuid: str
+    util_pct: float
+    sm_clock_mhz: float
+    temp_c: float | None
+    power_w: float | None
+    clock_event_reasons: int | None
+
+
+class NodeReading(NamedTuple):
+    node_id: int
+    received_at: float
+    gpus: int
+    util_sum: float  # of the GPUs with a utilization reading
+    util_count: int
+    mem_used: float  # of the GPUs with both memory readings
+    mem_total: float
+    net_bps: float  # received and sent
+    at_load: tuple  # GpuAtLoad of the GPUs at min_util_pct or more with an SM clock
+
+
+# NodeReading's fields a cluster sums up.
+SUMMED = slice(2, 8)
+
+
+def node_reading(entry, min_util_pct):
+    """A live entry (gateway.protocol.live_entry) as a NodeReading."""
+    util_sum, util_count, used, total, at_load = 0.0, 0, 0, 0, []
+    for gpu in entry["gpus"]:
+        util = reading(gpu.get("util_pct"))
+        if util is not None:
+            util_sum += util
+            util_count += 1
+        gpu_used, gpu_total = reading(gpu.get("mem_used_bytes")), reading(gpu.get("mem_total_bytes"))
+        if gpu_used is not None and gpu_total:
+            used += gpu_used
+            total += gpu_total
+        util, clock = gpu.get("util_pct"), gpu.get("sm_clock_mhz")
+        if util is not None and util >= min_util_pct and clock is not None:
+            at_load.append(GpuAtLoad(gpu["uuid"], util, clock, gpu.get("temp_c"),
+                                     gpu.get("power_w"), gpu.get("clock_event_reasons")))
+    node = entry["node"]
+    net = (reading(node.get("net_rx_bps")) or 0) + (reading(node.get("net_tx_bps")) or 0)
+    return NodeReading(entry["node_id"], entry["received_at"], len(entry["gpus"]), util_sum,
+                       util_count, used, total, net, tuple(at_load))
+
+
+def encode_reading(cluster_id, node_reading):
+    """A reading as a JSON-ready list, for the leader's fold in another process."""
+    return [cluster_id, *node_reading[:8], [list(gpu) for gpu in node_reading.at_load]]
+
+
+def decode_reading(values):
+    """(cluster id, NodeReading) of encode_reading()'s list."""
+    cluster_id, *numbers, at_load = values
+    return cluster_id, NodeReading(*numbers, tuple(GpuAtLoad(*gpu) for gpu in at_load))
+
+
+class ClusterFold:
+    """A cluster's latest reading of each node that is not stale, and their sums."""
+
+    def __init__(self):
+        self.readings = {}  # node id -> NodeReading
+        self.by_age = []  # heap of (received_at, node id); replaced readings leave lazily
+        self.sums = [0] * 6  # of NodeReading's SUMMED fields
+        self.heard = set()  # node ids with a reading since take_heard()
+
+    def add(self, node_reading):
+        old = self.readings.get(node_reading.node_id)
+        if old is not None:
+            self._subtract(old)
+        self.readings[node_reading.node_id] = node_reading
+        for i, value in enumerate(node_reading[SUMMED]):
+            self.sums[i] += value
+        heapq.heappush(self.by_age, (node_reading.received_at, node_reading.node_id))
+        self.heard.add(node_reading.node_id)
+
+    def _subtract(self, node_reading):
+        for i, value in enumerate(node_reading[SUMMED]):
+            self.sums[i] -= value
+
+    def expire(self, received_before):
+        """Let go of the readings received before this time."""
+        while self.by_age and self.by_age[0][0] < received_before:
+            received_at, node_id = heapq.heappop(self.by_age)
+            current = self.readings.get(node_id)
+            if current is not None and current.received_at == received_at:
+                self._subtract(current)
+                del self.readings[node_id]
+        if not self.readings:
+            self.sums = [0] * 6  # exactly nothing, whatever the running sums drifted to
+
+    def usage(self):
+        """Cluster-wide usage of the readings held; None when no GPU reports."""
+        gpus, util_sum, util_count, used, total, net = self.sums
+        if not gpus:
+            return None
+        return {
+            "gpus_reporting": gpus,
+            "gpu_util_pct": util_sum / util_count if util_count else 0.0,
+            "gpu_mem_used_pct": 100.0 * used / total if total > 0 else 0.0,
+            "net_bps": net,
+        }
+
+    def take_heard(self):
+        """{node id: received_at} of the nodes heard since the last call, still fresh."""
+        heard, self.heard = self.heard, set()
+        return {node_id: self.readings[node_id].received_at
+                for node_id in heard if node_id in self.readings}
+
+    def gpus_at_load(self):
+        """[(node id, (GpuAtLoad, ...))] of the nodes with a GPU at load."""
+        return [(r.node_id, r.at_load) for r in self.readings.values() if r.at_load]
+
+
+class LiveFold:
+    """The ClusterFold of every cluster."""
+
+    def __init__(self):
+        self.clusters = {}
+
+    def add(self, cluster_id, node_reading):
+        fold = self.clusters.get(cluster_id)
+        if fold is None:
+            fold = self.clusters[cluster_id] = ClusterFold()
+        fold.add(node_reading)
+
+    def cluster(self, cluster_id):
+        fold = self.clusters.get(cluster_id)
+        if fold is None:
+            fold = self.clusters[cluster_id] = ClusterFold()
+        return fold
+
+
+def minute_of(when):
+    """The minute a datetime or a unix time falls in, as an aware datetime."""
+    if not isinstance(when, datetime):
+        when = datetime.fromtimestamp(when, tz=dt_timezone.utc)
+    return when.replace(second=0, microsecond=0)
+
+
+# A metric's minute is kept as three numbers in a list shared by all of a GPU's (or a
+# node's) metrics (nodes/rollups.py add_values): one list per GPU, not an object per metric.
+def empty_stats(metrics):
+    return [0.0, 0, None] * len(metrics)
+
+
+class NodeMinute:
+    """Each node's minute of samples; hands back the minute when it has ended."""
+
+    def __init__(self):
+        self.minute = None
+        self.gpus = {}  # node_id -> {gpu uuid: flat stats of GPU_METRICS}
+        self.nodes = {}  # node_id -> flat stats of NODE_METRICS
+
+    def add(self, entry):
+        if self.minute is None:
+            self.minute = minute_of(entry["received_at"])
+        node_id = entry["node_id"]
+        node_gpus = self.gpus.get(node_id)
+        if node_gpus is None:
+            node_gpus = self.gpus[node_id] = {}
+            self.nodes[node_id] = empty_stats(NODE_METRICS)
+        for gpu in entry["gpus"]:
+            stats = node_gpus.get(gpu["uuid"])
+            if stats is None:
+                stats = node_gpus[gpu["uuid"]] = empty_stats(GPU_METRICS)
+            add_values(stats, gpu, GPU_METRICS)
+        add_values(self.nodes[node_id], entry["node"], NODE_METRICS)
+
+    def finish_if_new_minute(self, now):
+        """(minute, gpus, nodes) of the minute that ended before `now`, or None."""
+        minute = minute_of(now)
+        if self.minute is None or self.minute == minute:
+            self.minute = self.minute or minute
+            return None
+        finished = (self.minute, self.gpus, self.nodes)
+        self.minute, self.gpus, self.nodes = minute, {}, {}
+        return finished
+
+
+class ClusterMinute:
+    """Each cluster's minute of the publisher's ticks (ClusterRollup)."""
+
+    def __init__(self):
+        self.minute = None
+        self.clusters = {}  # cluster_id -> flat stats of CLUSTER_METRICS
+
+    def add(self, cluster_id, usage, now):
+        """Add one tick of one cluster; returns (minute, clusters) of the minute that just
+        ended, if any."""
+        minute = minute_of(now)
+        finished = None
+        if self.minute != minute:
+            if self.minute is not None:
+                finished = (self.minute, self.clusters)
+            self.minute, self.clusters = minute, {}
+        if usage is not None:
+            stats = self.clusters.get(cluster_id)
+            if stats is None:
+                stats = self.clusters[cluster_id] = empty_stats(CLUSTER_METRICS)
+            add_values(stats, usage, CLUSTER_METRICS)
+        return finished

@@ -1,0 +1,165 @@
+"""The live fold (nodes/live_fold.py): sums kept as samples arrive give what adding up every
+node's latest sample gives, in embedded mode and across server processes through Redis."""
+
+import random
+from datetime import datetime, timedelta, timezone as dt_timezone
+
+import pytest
+
+from gateway.protocol import live_entry
+from nodes.live_fold import ClusterFold, NodeMinute, node_reading
+from nodes.live_store import MemoryLiveStore
+from nodes.rollups import reading
+
+GIB = 2**30
+STALE_S = 15.0
+
+
+def sample(node_id, received_at, rng):
+    """A live entry of 8 GPUs with every kind of reading a sample may carry: missing, out of
+    range, a GPU whose memory total is unknown."""
+    gpus = []
+    totals = {}
+    for index in range(8):
+        uuid = f"GPU-{node_id}-{index}"
+        gpus.append({
+            "uuid": uuid,
+            "util_pct": rng.choice([None, 1e308, rng.uniform(0, 100), 95.0]),
+            "mem_used_bytes": rng.choice([None, rng.randrange(0, 141 * GIB)]),
+            "sm_clock_mhz": rng.choice([None, rng.randrange(900, 1980)]),
+            "temp_c": 50, "power_w": 600.0, "clock_event_reasons": 4,
+        })
+        if rng.random() < 0.9:
+            totals[uuid] = 141 * GIB
+    frame = {"type": "sample", "seq": 1, "ts": received_at, "gpus": gpus,
+             "node": {"net_rx_bps": rng.choice([None, rng.uniform(0, 4e11)]),
+                      "net_tx_bps": rng.uniform(0, 4e11), "cpu_pct": 10.0}}
+    return live_entry(frame, node_id=node_id, received_at=received_at, memory_totals=totals)
+
+
+def usage_by_adding_up(latest, now_ts):
+    """What the publisher computed before the fold: every fresh node's latest sample, added."""
+    utils, used, total, net, gpus = [], 0, 0, 0.0, 0
+    for entry in latest.values():
+        if now_ts - entry["received_at"] > STALE_S:
+            continue
+        for gpu in entry["gpus"]:
+            gpus += 1
+            if reading(gpu["util_pct"]) is not None:
+                utils.append(gpu["util_pct"])
+            if reading(gpu["mem_used_bytes"]) is not None and reading(gpu["mem_total_bytes"]):
+                used += gpu["mem_used_bytes"]
+                total += gpu["mem_total_bytes"]
+        net += (reading(entry["node"]["net_rx_bps"]) or 0) + (
+            reading(entry["node"]["net_tx_bps"]) or 0)
+    if not gpus:
+        return None
+    return {"gpus_reporting": gpus, "gpu_util_pct": sum(utils) / len(utils) if utils else 0.0,
+            "gpu_mem_used_pct": 100.0 * used / total if total else 0.0, "net_bps": net}
+
+
+def assert_same_usage(folded, added):
+    assert (folded is None) == (added is None)
+    if added is not None:
+        assert folded["gpus_reporting"] == added["gpus_reporting"]
+        for key in ("gpu_util_pct", "gpu_mem_used_pct", "net_bps"):
+            assert folded[key] == pytest.approx(added[key], rel=1e-9, abs=1e-6)
+
+
+def test_the_running_sums_are_the_sum_of_every_fresh_nodes_latest_sample():
+    """600 ticks of 50 nodes that report at random, some out of order, some going silent for
+    longer than the stale time and coming back: after every tick the fold's usage is what
+    adding up the fresh latest samples gives."""
+    rng = random.Random(25)
+    fold, latest = ClusterFold(), {}
+    for tick in range(600):
+        now_ts = 1_764_442_000.0 + tick
+        for node_id in range(1, 51):
+            silent = (tick // 40 + node_id) % 5 == 0  # 40 s silences
+            if not silent and rng.random() < 0.6:
+                entry = sample(node_id, now_ts - rng.uniform(0, 2), rng)
+                latest[node_id] = entry
+                fold.add(node_reading(entry, 90.0))
+        fold.expire(now_ts - STALE_S)
+        assert_same_usage(fold.usage(), usage_by_adding_up(latest, now_ts))
+        fresh = {n for n, e in latest.items() if now_ts - e["received_at"] <= STALE_S}
+        assert set(fold.readings) == fresh
+    assert len(fold.by_age) < 50 * (STALE_S + 3)  # replaced readings leave the heap too
+
+
+def test_a_stale_reading_is_not_heard_and_nothing_left_sums_to_exactly_nothing():
+    rng = random.Random(1)
+    fold = ClusterFold()
+    fold.add(node_reading(sample(1, 1000.0, rng), 90.0))
+    fold.add(node_reading(sample(2, 980.0, rng), 90.0))
+    fold.expire(1000.0 - STALE_S)
+    assert fold.take_heard() == {1: 1000.0}
+    assert fold.take_heard() == {}
+    fold.expire(2000.0)
+    assert fold.usage() is None and fold.sums == [0] * 6
+
+
+def test_only_gpus_at_load_with_a_clock_reach_the_slow_gpu_rule():
+    rng = random.Random(2)
+    entry = sample(1, 1000.0, rng)
+    at_load = node_reading(entry, 90.0).at_load
+    expected = [gpu["uuid"] for gpu in entry["gpus"] if gpu["util_pct"] is not None
+                and gpu["util_pct"] >= 90.0 and gpu["sm_clock_mhz"] is not None]
+    assert [gpu.uuid for gpu in at_load] == expected
+    assert all(gpu.temp_c == 50 and gpu.clock_event_reasons == 4 for gpu in at_load)
+
+
+def test_a_nodes_minute_is_the_mean_and_peak_of_its_samples():
+    minute = datetime(2026, 12, 2, 9, 30, tzinfo=dt_timezone.utc)
+    node_minute = NodeMinute()
+    rng = random.Random(3)
+    for second, util in [(1, 10.0), (2, 20.0), (50, 60.0)]:
+        entry = sample(7, (minute + timedelta(seconds=second)).timestamp(), rng)
+        entry["gpus"][0]["util_pct"] = util
+        node_minute.add(entry)
+    assert node_minute.finish_if_new_minute(minute + timedelta(seconds=59)) is None
+    finished_minute, gpus, nodes = node_minute.finish_if_new_minute(minute + timedelta(minutes=1))
+    assert finished_minute == minute and list(nodes) == [7]
+    assert gpus[7]["GPU-7-0"][:3] == [90.0, 3, 60.0]  # total, count, peak of util_pct
+    assert node_minute.finish_if_new_minute(minute + timedelta(minutes=1, seconds=5)) is None
+
+
+def test_the_embedded_store_folds_what_it_records():
+    store = MemoryLiveStore()
+    rng = random.Random(4)
+    entry = sample(3, 1000.0, rng)
+    store.record(9, entry)
+    assert store.fold.cluster(9).readings[3] == node_reading(entry, 90.0)
+    assert store.read_node(9, 3) is entry
+
+
+@pytest.mark.asyncio
+async def test_in_production_the_leader_folds_the_readings_of_every_process(redis_live_store):
+    """Two server processes record samples, one of them the same node (it reconnected to the
+    other process): the leader's fold, read through Redis, counts it once, with its newest
+    sample, and has every reading a process flushed."""
+    rng = random.Random(5)
+    first, second, leader = redis_live_store(), redis_live_store(), redis_live_store()
+    latest = {}
+    for node_id in range(1, 41):
+        entry = sample(node_id, 1000.0 + node_id / 100, rng)
+        (first if node_id % 2 else second).record(1, entry)
+        latest[node_id] = entry
+    moved = sample(1, 1001.0, rng)
+    second.record(1, moved)
+    latest[1] = moved
+    try:
+        await first.flush()
+        await second.flush()
+        fold = await leader.read_fold()
+        cluster_fold = fold.cluster(1)
+        cluster_fold.expire(1001.0 - STALE_S)
+        assert set(cluster_fold.readings) == set(latest)
+        assert cluster_fold.readings[1] == node_reading(moved, 90.0)
+        assert_same_usage(cluster_fold.usage(), usage_by_adding_up(latest, 1001.0))
+        assert (await leader.read_fold()).cluster(1).take_heard() == {
+            node_id: entry["received_at"] for node_id, entry in latest.items()}
+        assert (await leader.read_fold()).cluster(1).take_heard() == {}  # each read once
+    finally:
+        for store in (first, second, leader):
+            await store.close()
