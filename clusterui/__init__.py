@@ -1,5 +1,5 @@
 """The project's wiring, on top of every layer: settings (one file, driven by the
-environment), urls, asgi, celery, process tuning (gc_tuning), the static files finder, the
+environment), urls, asgi, celery, the static files finder, the
 context processor and middleware every page goes through, and the home and /healthz views.
 No models and no pages of its own. The layers: README.md "Layout", .importlinter."""
 

@@ -9,7 +9,7 @@ django_asgi_app = get_asgi_application()
 
 from gateway.routing import websocket_urlpatterns  # noqa: E402
 
-from clusterui import gc_tuning  # noqa: E402
+from common import gc_tuning  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
@@ -19,5 +19,5 @@ application = ProtocolTypeRouter(
 )
 
 # Last: what the server loaded so far lives as long as the process, and is frozen
-# (clusterui/gc_tuning.py: full collections stopped the event loop for up to 400 ms).
+# (common/gc_tuning.py: full collections stopped the event loop for up to 400 ms).
 gc_tuning.apply()

@@ -486,7 +486,7 @@ CLUSTERUI_GRAFANA_NODE_URL = envstr("CLUSTERUI_GRAFANA_NODE_URL", "")
 # Whether server processes start the live publisher (tests of consumers turn it off).
 CLUSTERUI_PUBLISHER = envbool("CLUSTERUI_PUBLISHER", True)
 # Server processes freeze their start-up heap and collect young objects less often
-# (clusterui/gc_tuning.py): full garbage collections were the ingest's p99. false: Python's.
+# (common/gc_tuning.py): full garbage collections were the ingest's p99. false: Python's.
 CLUSTERUI_GC_TUNING = envbool("CLUSTERUI_GC_TUNING", True)
 # Slow GPU (healthchecks/slow_gpus.py): among a cluster's GPUs of one model at this
 # utilization or more, with at least this many peers there, one whose SM clock stays below

@@ -67,22 +67,22 @@ class SlowGpuWatch:
     def check(self, cluster_id, nodes_at_load, models, open_keys, now_ts):
         """One tick of one cluster: ([Opening], [Closing]).
 
-        nodes_at_load: [(node id, GPUs)] of the cluster's fresh samples, a GPU being a
-        nodes.live_fold.GpuAtLoad (uuid, util_pct, sm_clock_mhz, temp_c, power_w,
-        clock_event_reasons); GPUs below min_util_pct or without an SM clock may be left out
-        (they say nothing). models: {GPU uuid: model name}; open_keys: {(node id, uuid)} of
+        nodes_at_load: [(node id, GPUs)] of the cluster's fresh samples, a GPU being a tuple
+        (uuid, util_pct, sm_clock_mhz, temp_c, power_w, clock_event_reasons), as
+        nodes.live_fold.GPU_AT_LOAD; GPUs below min_util_pct or without an SM clock may be
+        left out (they say nothing). models: {GPU uuid: model name}; open_keys: {(node id, uuid)} of
         the open slow_gpu events.
         """
         limits = self.limits
         clocks = {}  # model -> SM clocks of its GPUs at load
         for _, gpus in nodes_at_load:
-            for gpu in gpus:
-                if gpu.util_pct >= limits.min_util_pct and gpu.sm_clock_mhz is not None:
-                    model = models.get(gpu.uuid)
+            for uuid, util, clock, *_ in gpus:
+                if util is not None and util >= limits.min_util_pct and clock is not None:
+                    model = models.get(uuid)
                     if model in clocks:
-                        clocks[model].append(gpu.sm_clock_mhz)
+                        clocks[model].append(clock)
                     elif model:
-                        clocks[model] = [gpu.sm_clock_mhz]
+                        clocks[model] = [clock]
         medians = {model: (statistics.median(values), len(values))
                    for model, values in clocks.items() if len(values) - 1 >= limits.min_peers}
 
@@ -97,23 +97,23 @@ class SlowGpuWatch:
         for node_id, gpus in nodes_at_load if medians else ():
             open_here = open_by_node.get(node_id, ())
             for gpu in gpus:
-                clock = gpu.sm_clock_mhz
+                uuid, util, clock = gpu[:3]
                 if clock is None or (clock >= highest and not open_here):
                     continue  # most GPUs: fast enough for any model, and nothing open
-                if gpu.util_pct < limits.min_util_pct:
+                if util is None or util < limits.min_util_pct:
                     continue
-                model = models.get(gpu.uuid)
+                model = models.get(uuid)
                 if model not in medians:
                     continue
                 median, compared = medians[model]
                 if clock < limits.clock_ratio * median:
-                    key = (node_id, gpu.uuid)
+                    key = (node_id, uuid)
                     since = still_slow[key] = slow_since.get(key, now_ts)
-                    if gpu.uuid not in open_here and now_ts - since >= limits.hold_s:
+                    if uuid not in open_here and now_ts - since >= limits.hold_s:
                         openings.append(self._opening(key, gpu, model, median, compared,
                                                       now_ts - since))
-                elif gpu.uuid in open_here:
-                    key = (node_id, gpu.uuid)
+                elif uuid in open_here:
+                    key = (node_id, uuid)
                     since = still_back[key] = back_since.get(key, now_ts)
                     if now_ts - since >= limits.clear_s:
                         closings.append(Closing(*key, reason=(
@@ -125,7 +125,7 @@ class SlowGpuWatch:
 
     def _opening(self, key, gpu, model, median, compared, held_s):
         limits = self.limits
-        clock = gpu.sm_clock_mhz
+        _, util, clock, temp, power, reasons = gpu
         return Opening(*key, message=(
             f"SM clock {clock:g} MHz, {clock / median:.0%} of the median {median:g} MHz of "
             f"{compared} {model} GPUs at {limits.min_util_pct:g} % utilization or more, "
@@ -135,9 +135,9 @@ class SlowGpuWatch:
             "median_sm_clock_mhz": median,
             "threshold_mhz": round(limits.clock_ratio * median, 1),
             "peers": compared - 1,
-            "util_pct": gpu.util_pct,
-            "temp_c": gpu.temp_c,
-            "power_w": gpu.power_w,
-            "clock_event_reasons": gpu.clock_event_reasons,
+            "util_pct": util,
+            "temp_c": temp,
+            "power_w": power,
+            "clock_event_reasons": reasons,
             "held_s": round(held_s, 1),
         })

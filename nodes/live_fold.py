@@ -23,14 +23,15 @@ from typing import NamedTuple
 from .rollups import CLUSTER_METRICS, GPU_METRICS, NODE_METRICS, add_values, reading
 
 
-class GpuAtLoad(NamedTuple):
-    """A GPU's readings as the slow GPU rule (healthchecks/slow_gpus.py) reads them."""
-    uuid: str
-    util_pct: float
-    sm_clock_mhz: float
-    temp_c: float | None
-    power_w: float | None
-    clock_event_reasons: int | None
+# A GPU at load as the slow GPU rule (healthchecks/slow_gpus.py) reads it: a plain tuple (or
+# list, as JSON gives it back) of these fields, which costs a tenth of a named tuple to make.
+GPU_AT_LOAD = ("uuid", "util_pct", "sm_clock_mhz", "temp_c", "power_w", "clock_event_reasons")
+
+
+def gpu_at_load(gpu):
+    """A live entry's GPU as GPU_AT_LOAD's fields."""
+    return (gpu.get("uuid"), gpu.get("util_pct"), gpu.get("sm_clock_mhz"), gpu.get("temp_c"),
+            gpu.get("power_w"), gpu.get("clock_event_reasons"))
 
 
 class NodeReading(NamedTuple):
@@ -42,7 +43,7 @@ class NodeReading(NamedTuple):
     mem_used: float  # of the GPUs with both memory readings
     mem_total: float
     net_bps: float  # received and sent
-    at_load: tuple  # GpuAtLoad of the GPUs at min_util_pct or more with an SM clock
+    at_load: tuple  # GPU_AT_LOAD of the GPUs at min_util_pct or more with an SM clock
 
 
 # NodeReading's fields a cluster sums up.
@@ -57,14 +58,14 @@ def node_reading(entry, min_util_pct):
         if util is not None:
             util_sum += util
             util_count += 1
-        gpu_used, gpu_total = reading(gpu.get("mem_used_bytes")), reading(gpu.get("mem_total_bytes"))
+        gpu_used = reading(gpu.get("mem_used_bytes"))
+        gpu_total = reading(gpu.get("mem_total_bytes"))
         if gpu_used is not None and gpu_total:
             used += gpu_used
             total += gpu_total
         util, clock = gpu.get("util_pct"), gpu.get("sm_clock_mhz")
         if util is not None and util >= min_util_pct and clock is not None:
-            at_load.append(GpuAtLoad(gpu["uuid"], util, clock, gpu.get("temp_c"),
-                                     gpu.get("power_w"), gpu.get("clock_event_reasons")))
+            at_load.append(gpu_at_load(gpu))
     node = entry["node"]
     net = (reading(node.get("net_rx_bps")) or 0) + (reading(node.get("net_tx_bps")) or 0)
     return NodeReading(entry["node_id"], entry["received_at"], len(entry["gpus"]), util_sum,
@@ -73,13 +74,12 @@ def node_reading(entry, min_util_pct):
 
 def encode_reading(cluster_id, node_reading):
     """A reading as a JSON-ready list, for the leader's fold in another process."""
-    return [cluster_id, *node_reading[:8], [list(gpu) for gpu in node_reading.at_load]]
+    return [cluster_id, *node_reading]
 
 
 def decode_reading(values):
-    """(cluster id, NodeReading) of encode_reading()'s list."""
-    cluster_id, *numbers, at_load = values
-    return cluster_id, NodeReading(*numbers, tuple(GpuAtLoad(*gpu) for gpu in at_load))
+    """(cluster id, NodeReading) of encode_reading()'s list (its GPUs at load as lists)."""
+    return values[0], NodeReading(*values[1:])
 
 
 class ClusterFold:
@@ -135,7 +135,7 @@ class ClusterFold:
                 for node_id in heard if node_id in self.readings}
 
     def gpus_at_load(self):
-        """[(node id, (GpuAtLoad, ...))] of the nodes with a GPU at load."""
+        """[(node id, GPUs at load as GPU_AT_LOAD)] of the nodes with a GPU at load."""
         return [(r.node_id, r.at_load) for r in self.readings.values() if r.at_load]
 
 

@@ -2,6 +2,7 @@ import asyncio
 
 from django.core.management.base import BaseCommand
 
+from common import gc_tuning
 from gateway.server import run_gateway
 
 
@@ -14,4 +15,7 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8001)
 
     def handle(self, *args, bind, port, **options):
+        # As a web process does (clusterui/asgi.py): without it, full collections stopped
+        # the gateway's event loop for 600-800 ms (bench/README.md, Ingest).
+        gc_tuning.apply()
         asyncio.run(run_gateway(bind, port))

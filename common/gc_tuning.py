@@ -1,5 +1,6 @@
 """The garbage collector of a server process: start-up heap frozen, young objects collected
-less often (clusterui/asgi.py calls apply() once the application is loaded).
+less often (clusterui/asgi.py and the agent gateway's command, gateway/management/commands/
+agent_gateway.py, call apply() once the application is loaded).
 
 Why (bench/README.md, "Latency"): under 2,000 agent connections a server process holds about
 half a million objects the collector tracks: Django and the code loaded at start-up, every
