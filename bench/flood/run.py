@@ -129,8 +129,7 @@ def main():
     subprocess.run([PY, str(REPO / "bench" / "ingest" / "fleet.py"), "--nodes",
                     str(args.nodes + 1), "--out", str(fleet_path)], cwd=REPO, check=True,
                    timeout=600)
-    storm.prepare(fleet_path)
-    fleet = json.loads(fleet_path.read_text())
+    fleet = storm.prepare(fleet_path, join=0)
     processes = storm.Processes(workdir)
     try:
         figures = asyncio.run(run(args, fleet, processes))

@@ -100,8 +100,7 @@ def main():
     fleet_path = workdir / "fleet.json"
     subprocess.run([PY, str(REPO / "bench" / "ingest" / "fleet.py"), "--nodes", "1",
                     "--out", str(fleet_path)], cwd=REPO, check=True, timeout=600)
-    storm.prepare(fleet_path)
-    entry = json.loads(fleet_path.read_text())["nodes"][0]
+    entry = storm.prepare(fleet_path, join=0)["nodes"][0]
     port = ingest.free_port()
     log_path = workdir / "daphne.log"
     # The rate limits off (bench/flood measures them): every fuzzed frame is read exactly.

@@ -50,7 +50,7 @@ ingest, loadgen, log, percentile = storm.ingest, storm.loadgen, storm.log, storm
 
 from agent.connection.client import WELCOME_TIMEOUT_S, backoff_delay  # noqa: E402
 
-CONNECT_TIMEOUT_S = 10.0  # websockets' default open timeout, as the agent connects
+CONNECT_TIMEOUT_S = storm.CONNECT_TIMEOUT_S
 
 
 class ReconnectingAgent(storm.StormAgent):
@@ -122,27 +122,15 @@ async def join_storm(url, join_token, count, node_metrics):
     tracker = storm.Tracker()
     agents = [ReconnectingAgent(f"bench-join-{n:05d}", join_token, url, node_metrics,
                                 tracker=tracker) for n in range(count)]
-    failed_handshakes = 0
     rng = random.Random(3)
     started = time.time()
 
     async def join(agent):
-        nonlocal failed_handshakes
-        attempt = 0
-        while True:
-            try:
-                await agent.start(None, open_timeout=CONNECT_TIMEOUT_S,
-                                  welcome_timeout=WELCOME_TIMEOUT_S)
-                agent.welcomes.append(time.time())
-                return
-            except Exception:  # noqa: BLE001 - as the agent: try again after its backoff
-                failed_handshakes += 1
-                if agent.ws is not None:
-                    await agent.ws.close()
-            await asyncio.sleep(backoff_delay(attempt, rng))
-            attempt += 1
+        failed = await storm.connect_as_the_agent(agent, rng)
+        agent.welcomes.append(time.time())
+        return failed
 
-    await asyncio.gather(*(join(agent) for agent in agents))
+    failed_handshakes = sum(await asyncio.gather(*(join(agent) for agent in agents)))
     welcomed = sorted(agent.welcomes[0] - started for agent in agents)
     await asyncio.gather(*(agent.ws.close() for agent in agents), return_exceptions=True)
     return {"joined": len(welcomed), "failed_handshakes": failed_handshakes,
@@ -289,8 +277,7 @@ def main():
     subprocess.run([PY, str(REPO / "bench" / "ingest" / "fleet.py"), "--nodes",
                     str(args.nodes), "--out", str(fleet_path)], cwd=REPO, check=True,
                    timeout=600)
-    storm.prepare(fleet_path)
-    fleet = json.loads(fleet_path.read_text())
+    fleet = storm.prepare(fleet_path, join=0)
     figures = asyncio.run(run(args, fleet, ingest.free_port(), workdir, issue_join_token()))
     print()
     print(f"reconnect bench, {datetime.date.today()}, {os.cpu_count()} cores, production "

@@ -57,6 +57,7 @@ from bench.ingest import loadgen  # noqa: E402
 from bench.ingest import run as ingest  # noqa: E402
 
 from agent.connection import protocol  # noqa: E402
+from agent.connection.client import WELCOME_TIMEOUT_S, backoff_delay  # noqa: E402
 
 log = ingest.log
 percentile = ingest.percentile
@@ -65,6 +66,7 @@ SIGNATURES = ("thermal_throttle", "hw_slowdown", "power_brake")
 QUEUES = ("celery", "sweeps", "provider")
 WORKERS = ("server", "worker", "sweeps")
 PACE_EVERY_S = 0.005
+CONNECT_TIMEOUT_S = 10.0  # websockets' default open timeout, as the agent connects
 ACK_GRACE_S = 3.0  # after a step: acks still in flight count for it
 
 
@@ -130,6 +132,24 @@ class StormAgent(loadgen.Agent):
         self.tracker.sent[frame["id"]] = frame["ts"]
         self.last_sent = frame["ts"]
         return True
+
+
+async def connect_as_the_agent(agent, rng):
+    """Connect and say hello until welcomed, as agent.connection.client does: a connect gives
+    up after 10 s, a welcome after WELCOME_TIMEOUT_S, and each try waits the agent's backoff
+    after the last. The handshakes that failed."""
+    failed, attempt = 0, 0
+    while True:
+        try:
+            await agent.start(None, open_timeout=CONNECT_TIMEOUT_S,
+                              welcome_timeout=WELCOME_TIMEOUT_S)
+            return failed
+        except Exception:  # noqa: BLE001 - refused, timed out, closed: as the agent, again
+            failed += 1
+            if agent.ws is not None:
+                await agent.ws.close()
+        await asyncio.sleep(backoff_delay(attempt, rng))
+        attempt += 1
 
 
 class Tracker:
@@ -442,8 +462,13 @@ async def run(args, fleet, processes, queue_depth):
     agents = [StormAgent(entry["node"], entry["token"], url, node_metrics, tracker=tracker)
               for entry in fleet["nodes"]]
     limit = asyncio.Semaphore(loadgen.SETUP_CONCURRENCY)
+    rng = random.Random(2)
+    failed_handshakes = []
 
     async def start(agent):
+        if fleet["join"]:  # all at once, as a cluster powering on
+            failed_handshakes.append(await connect_as_the_agent(agent, rng))
+            return
         async with limit:
             await agent.start(None)
 
@@ -452,7 +477,11 @@ async def run(args, fleet, processes, queue_depth):
     pacing = asyncio.get_running_loop().create_task(pacer.run())
     started = time.monotonic()
     await asyncio.gather(*(start(agent) for agent in agents))
-    log(f"{len(agents)} agents welcomed in {time.monotonic() - started:.1f} s")
+    joined = {"nodes": len(agents), "welcomed_in_s": round(time.monotonic() - started, 1),
+              "failed_handshakes": sum(failed_handshakes),
+              "hellos_said_again": sum(agent.hellos_again for agent in agents)}
+    log(f"{len(agents)} agents welcomed in {joined['welcomed_in_s']} s"
+        + (f" (joined: {json.dumps(joined)})" if fleet["join"] else ""))
     await asyncio.sleep(args.settle_s)
     steps = []
     try:
@@ -468,13 +497,22 @@ async def run(args, fleet, processes, queue_depth):
         log(f"events stopped; every event sent was acked {drained:.1f} s later"
             if drained is not None else f"events stopped; {args.drain_s:g} s later events "
             f"sent were still not acked")
-        fleet_ids = {entry["node"]: entry["node_id"] for entry in fleet["nodes"]}
+        fleet_ids = await asyncio.to_thread(node_ids)
         loop_figures = await measure_loop(args, agents, fleet_ids)
         log(json.dumps(loop_figures))
     finally:
         pacing.cancel()
         await asyncio.gather(*(agent.ws.close() for agent in agents), return_exceptions=True)
+    if fleet["join"]:
+        loop_figures["joined"] = joined
     return steps, loop_figures
+
+
+def node_ids():
+    """{node name: id} of the bench cluster (joined nodes have theirs only now)."""
+    from nodes.models import Node
+
+    return dict(Node.objects.filter(cluster__slug=SLUG).values_list("name", "id"))
 
 
 def step_line(s):
@@ -497,14 +535,17 @@ def table(steps):
     return "\n".join(lines)
 
 
-def prepare(fleet_path):
+def prepare(fleet_path, join):
     """The bench cluster without acceptance tests, repairs through the simulated provider
-    (the reboot is a command to the agent) and no blast-radius limit."""
+    (the reboot is a command to the agent) and no blast-radius limit. With `join` new nodes
+    instead of the fleet's, each to say hello with one join token: the fleet, as run() takes
+    it."""
     import django
 
     django.setup()
     from clusters.models import Cluster
     from nodes.models import Node
+    from nodes.services import do_issue_join_token
     from repairs.models import RepairSettings
 
     cluster = Cluster.objects.get(slug=SLUG)
@@ -512,6 +553,13 @@ def prepare(fleet_path):
     Node.objects.filter(cluster=cluster).update(acceptance_required=False)
     RepairSettings.objects.update_or_create(
         cluster=cluster, defaults={"provider": "simulated", "blast_radius_pct": 100})
+    fleet = json.loads(fleet_path.read_text())
+    if join:
+        join_token = do_issue_join_token(cluster)[1]
+        fleet["nodes"] = [{"node": f"bench-join-{n:05d}", "token": join_token}
+                          for n in range(join)]
+    fleet["join"] = bool(join)
+    return fleet
 
 
 def main():
@@ -532,6 +580,8 @@ def main():
                         help="py-spy on the server for 8 s of each step (its summary is printed)")
     parser.add_argument("--server", choices=SERVERS, default="daphne",
                         help="what serves the agent socket (uvicorn: with uvloop)")
+    parser.add_argument("--join", action="store_true",
+                        help="the nodes are new: they join at once with a join token")
     parser.add_argument("--out", help="write the results as JSON here too")
     args = parser.parse_args()
     workdir = Path(os.environ.get("BENCH_WORKDIR") or "/tmp")
@@ -539,10 +589,10 @@ def main():
 
     subprocess.run([PY, "manage.py", "migrate", "-v0"], cwd=REPO, check=True, timeout=600)
     fleet_path = workdir / "fleet.json"
-    subprocess.run([PY, str(INGEST / "fleet.py"), "--nodes", str(args.nodes),
-                    "--out", str(fleet_path)], cwd=REPO, check=True, timeout=600)
-    prepare(fleet_path)
-    fleet = json.loads(fleet_path.read_text())
+    subprocess.run([PY, str(INGEST / "fleet.py"), "--nodes",
+                    str(0 if args.join else args.nodes), "--out", str(fleet_path)],
+                   cwd=REPO, check=True, timeout=600)
+    fleet = prepare(fleet_path, args.nodes if args.join else 0)
     processes = Processes(workdir, args.server)
     try:
         steps, loop_figures = asyncio.run(run(args, fleet, processes, queue_depth_reader()))
@@ -552,7 +602,8 @@ def main():
     print()
     mode = os.environ.get("CLUSTERUI_MODE", "embedded")
     print(f"storm bench, {datetime.date.today()}, {os.cpu_count()} cores, {mode} mode, "
-          f"{args.server} x1, workers x2 (sweeps, the rest), {args.nodes} nodes at 1 Hz, "
+          f"{args.server} x1, workers x2 (sweeps, the rest), {args.nodes} nodes at 1 Hz"
+          f"{' (joined at once)' if args.join else ''}, "
           f"{args.step_s:g} s a step; {time.monotonic() - began:.0f} s in all")
     print(" ".join(sys.argv))
     print(table(steps))
