@@ -116,11 +116,22 @@ else:
     ALLOWED_HOSTS = required("ALLOWED_HOSTS", envstr("ALLOWED_HOSTS")).split(",")
     database_url = required("DATABASE_URL", envsecret("DATABASE_URL"))
     try:
-        DATABASES = {"default": dj_database_url.parse(database_url, conn_max_age=60)}
+        DATABASES = {"default": dj_database_url.parse(database_url)}
     except Exception as exc:
         raise ImproperlyConfigured(f"DATABASE_URL is malformed: {exc}") from None
     if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
         raise ImproperlyConfigured("DATABASE_URL must be a postgres:// URL in production mode")
+    # A pool per process (psycopg_pool), shared by its threads. Persistent connections
+    # (CONN_MAX_AGE) are not reused under ASGI: every request runs in a thread of its own and
+    # left one more connection open, until PostgreSQL ran out of slots (bench/reconnect).
+    # With the pool, closing a connection hands it back: a request does at its end, and every
+    # thread of the server's own (agents, events, the publisher) after each call
+    # (database_sync_to_async). More slots than a process has such threads (4 + 4 + 1 + 2,
+    # and the requests in hand), so none waits while PostgreSQL is up; while it is away a
+    # caller fails within 2 s (agents are answered server_error and send again).
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1, "max_size": envint("CLUSTERUI_DB_POOL_SIZE", 20), "timeout": 2}
     REDIS_URL = required("REDIS_URL", envsecret("REDIS_URL"))
     if not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
         raise ImproperlyConfigured(f"REDIS_URL must be a redis:// URL, got {REDIS_URL!r}")

@@ -24,12 +24,13 @@ import math
 import os
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone as dt_timezone
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import transaction
 from django.db.models import Count, Max
 
 from clusters.change_feed import Kind, read_changes
@@ -67,11 +68,19 @@ if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
 return 0
 """
 FEED_READER = "publisher"
+# The publisher's database work and its arithmetic over the fleet run here, off the event
+# loop: the tick and the change feed at once, never more threads (nor connections) than that.
+PUBLISHER_THREADS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="publisher")
+
+
+def on_publisher_threads(func):
+    """`func` as a coroutine function run on PUBLISHER_THREADS, database connections handled
+    as database_sync_to_async does (closed after, where a request would close them)."""
+    return database_sync_to_async(func, thread_sensitive=False, executor=PUBLISHER_THREADS)
 
 
 def read_cluster_facts():
     """Per cluster: slug, state counts and the newest timeline row (one query each, per tick)."""
-    close_old_connections()
     clusters = {c.pk: {"slug": c.slug, "counts": {s: 0 for s in NodeState.values},
                        "timeline_head": 0}
                 for c in Cluster.objects.only("slug")}
@@ -92,7 +101,6 @@ def record_tick(seen, now, *, just_started):
     It is written before the publisher's own status, in one transaction: a heartbeat sweep
     never sees this tick's time with last tick's last_seen.
     """
-    close_old_connections()
     by_tenth = {}
     for node_id, received_at in seen.items():
         by_tenth.setdefault(math.ceil(received_at * 10), []).append(node_id)
@@ -142,11 +150,6 @@ def read_feed_messages():
         elif change.kind == Kind.AGENT_ACCESS and change.node_id is not None:
             messages[(agent_group(change.node_id), "access")] = {"type": "agent.access"}
     return [(key[0], message) for key, message in messages.items()]
-
-
-def _read_feed_messages():
-    close_old_connections()  # a worker thread of the publisher's: as a request would
-    return read_feed_messages()
 
 
 def build_summary(slug, facts, usage, now_ts):
@@ -223,7 +226,7 @@ class Publisher:
     async def push_changes(self):
         """What the change feed holds since the last read, to browsers and agents."""
         try:
-            messages = await sync_to_async(_read_feed_messages, thread_sensitive=False)()
+            messages = await on_publisher_threads(read_feed_messages)()
             for group, message in messages:
                 await self.channel_layer.group_send(group, message)
         except Exception:
@@ -242,17 +245,17 @@ class Publisher:
             finished = self.store.node_minute.finish_if_new_minute(
                 now or datetime.now(tz=dt_timezone.utc))
             if finished:
-                await sync_to_async(write_node_rollups, thread_sensitive=False)(*finished)
+                await on_publisher_threads(write_node_rollups)(*finished)
         except Exception:
             logger.exception("writing the minute's node rollups failed")
 
     async def publish_once(self, now=None, just_started=False):
         now = now or datetime.now(tz=dt_timezone.utc)
         now_ts = now.timestamp()
-        clusters = await sync_to_async(read_cluster_facts, thread_sensitive=False)()
+        clusters = await on_publisher_threads(read_cluster_facts)()
         models_due = (self.gpu_models_read_at is None
                       or abs(now_ts - self.gpu_models_read_at) >= GPU_MODELS_REFRESH_S)
-        open_slow, models = await sync_to_async(read_slow_gpu_facts, thread_sensitive=False)(
+        open_slow, models = await on_publisher_threads(read_slow_gpu_facts)(
             models_due)
         if models is not None:
             self.gpu_models, self.gpu_models_read_at = models, now_ts
@@ -270,17 +273,17 @@ class Publisher:
                 cluster_group(facts["slug"]), {"type": "cluster.summary", "summary": summary})
             finished = self.cluster_minute.add(cluster_id, usage, now)
             if finished:
-                await sync_to_async(write_cluster_rollups, thread_sensitive=False)(*finished)
+                await on_publisher_threads(write_cluster_rollups)(*finished)
             # The rule compares every GPU at load: in a worker thread, off the event loop.
-            opened, closed = await sync_to_async(self.slow_gpus.check, thread_sensitive=False)(
+            opened, closed = await on_publisher_threads(self.slow_gpus.check)(
                 cluster_id, cluster_fold.gpus_at_load(), self.gpu_models, open_slow, now_ts)
             openings += opened
             closings += closed
         await self.write_node_minute(now)
-        await sync_to_async(record_tick, thread_sensitive=False)(seen, now,
+        await on_publisher_threads(record_tick)(seen, now,
                                                                  just_started=just_started)
         if openings or closings:
-            await sync_to_async(record_slow_gpus, thread_sensitive=False)(openings, closings, now)
+            await on_publisher_threads(record_slow_gpus)(openings, closings, now)
         return clusters
 
 

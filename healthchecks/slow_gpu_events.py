@@ -5,7 +5,6 @@ once a minute), and writes only when the rule opens or closes something.
 """
 
 from django.conf import settings
-from django.db import close_old_connections
 
 from nodes.models import Gpu
 
@@ -31,7 +30,6 @@ def slow_gpu_limits():
 
 def read_slow_gpu_facts(with_models):
     """({(node id, GPU uuid)} of the open slow_gpu events, {GPU uuid: model} or None)."""
-    close_old_connections()
     open_keys = set(HealthEvent.objects.open().filter(signature=SLOW_GPU, gpu__isnull=False)
                     .values_list("node_id", "gpu__uuid"))
     models = dict(Gpu.objects.in_inventory().values_list("uuid", "name")) if with_models else None
@@ -40,7 +38,6 @@ def read_slow_gpu_facts(with_models):
 
 def record_slow_gpus(openings, closings, now):
     """Open and close slow_gpu events as the rule decided."""
-    close_old_connections()
     for opening in openings:
         gpu = (Gpu.objects.select_related("node")
                .filter(node_id=opening.node_id, uuid=opening.gpu_uuid).first())
