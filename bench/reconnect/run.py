@@ -34,10 +34,7 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,42 +68,6 @@ class ReconnectingAgent(storm.StormAgent):
             self.welcomed = False
             await asyncio.sleep(backoff_delay(attempt, rng))
             attempt += 1
-
-
-class PagePoller:
-    """GET a page every `every_s` from a thread: (seconds, status) of each, by phase."""
-
-    def __init__(self, url, every_s=0.2):
-        self.url, self.every_s = url, every_s
-        self.phase, self.answers = "idle", {}
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self.poll, daemon=True)
-
-    def poll(self):
-        while not self.stopped.is_set():
-            started = time.monotonic()
-            try:
-                with urllib.request.urlopen(self.url, timeout=30) as response:
-                    status = response.status
-            except urllib.error.HTTPError as exc:
-                status = exc.code
-            except OSError:
-                status = None  # refused (the server is down) or timed out
-            self.answers.setdefault(self.phase, []).append(
-                (time.monotonic() - started, status))
-            self.stopped.wait(max(0.0, self.every_s - (time.monotonic() - started)))
-
-    def figures(self, phase):
-        answered = sorted(seconds for seconds, status in self.answers.get(phase, [])
-                          if status is not None)
-        if not answered:
-            return {"pages": 0}
-        return {"pages": len(answered),
-                "page_p50_ms": round(percentile(answered, 50) * 1000),
-                "page_p99_ms": round(percentile(answered, 99) * 1000),
-                "page_max_ms": round(answered[-1] * 1000),
-                "page_errors": sum(1 for _, status in self.answers[phase]
-                                   if status not in (200, None))}
 
 
 def issue_join_token():
@@ -198,7 +159,7 @@ async def run(args, fleet, port, workdir, join_token):
                                cwd=REPO, env={**os.environ, "LOG_LEVEL": "WARNING"},
                                stdout=open(workdir / "web.log", "w"), stderr=subprocess.STDOUT)
         await wait_listening(web_port, web)
-    pages = PagePoller(f"http://127.0.0.1:{web_port}/healthz")
+    pages = storm.PagePoller(f"http://127.0.0.1:{web_port}/healthz")
     pages.thread.start()
     await asyncio.sleep(args.settle_s)
     idle_pages = pages.figures("idle")

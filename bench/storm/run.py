@@ -37,7 +37,10 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -150,6 +153,42 @@ async def connect_as_the_agent(agent, rng):
                 await agent.ws.close()
         await asyncio.sleep(backoff_delay(attempt, rng))
         attempt += 1
+
+
+class PagePoller:
+    """GET a page every `every_s` from a thread: (seconds, status) of each, by phase."""
+
+    def __init__(self, url, every_s=0.2):
+        self.url, self.every_s = url, every_s
+        self.phase, self.answers = "idle", {}
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.poll, daemon=True)
+
+    def poll(self):
+        while not self.stopped.is_set():
+            started = time.monotonic()
+            try:
+                with urllib.request.urlopen(self.url, timeout=30) as response:
+                    status = response.status
+            except urllib.error.HTTPError as exc:
+                status = exc.code
+            except OSError:
+                status = None  # refused (the server is down) or timed out
+            self.answers.setdefault(self.phase, []).append(
+                (time.monotonic() - started, status))
+            self.stopped.wait(max(0.0, self.every_s - (time.monotonic() - started)))
+
+    def figures(self, phase):
+        answered = sorted(seconds for seconds, status in self.answers.get(phase, [])
+                          if status is not None)
+        if not answered:
+            return {"pages": 0}
+        return {"pages": len(answered),
+                "page_p50_ms": round(percentile(answered, 50) * 1000),
+                "page_p99_ms": round(percentile(answered, 99) * 1000),
+                "page_max_ms": round(answered[-1] * 1000),
+                "page_errors": sum(1 for _, status in self.answers[phase]
+                                   if status not in (200, None))}
 
 
 class Tracker:
@@ -472,6 +511,11 @@ async def run(args, fleet, processes, queue_depth):
         async with limit:
             await agent.start(None)
 
+    # A person's page meanwhile: the server's /healthz (in embedded mode, a Django view that
+    # reads the database, served by the one process that also serves the agents).
+    pages = PagePoller(f"http://127.0.0.1:{processes.port}/healthz")
+    pages.phase = "join" if fleet["join"] else "connect"
+    pages.thread.start()
     # As a real agent does, each samples from its welcome on, while the others connect.
     pacer = Pacer(agents, 1.0, random.Random(1), args)
     pacing = asyncio.get_running_loop().create_task(pacer.run())
@@ -479,15 +523,18 @@ async def run(args, fleet, processes, queue_depth):
     await asyncio.gather(*(start(agent) for agent in agents))
     joined = {"nodes": len(agents), "welcomed_in_s": round(time.monotonic() - started, 1),
               "failed_handshakes": sum(failed_handshakes),
-              "hellos_said_again": sum(agent.hellos_again for agent in agents)}
+              "hellos_said_again": sum(agent.hellos_again for agent in agents),
+              **pages.figures(pages.phase)}
     log(f"{len(agents)} agents welcomed in {joined['welcomed_in_s']} s"
         + (f" (joined: {json.dumps(joined)})" if fleet["join"] else ""))
     await asyncio.sleep(args.settle_s)
     steps = []
     try:
         for rate in args.rates:
+            pages.phase = rate
             step = await measure_rate(rate, args, pacer, processes, queue_depth)
-            log(step_line(step))
+            step["pages"] = pages.figures(rate)
+            log(step_line(step) + f", pages {json.dumps(step['pages'])}")
             steps.append(step)
             if not processes.alive():
                 log("a server process exited; see its log")
@@ -501,6 +548,7 @@ async def run(args, fleet, processes, queue_depth):
         loop_figures = await measure_loop(args, agents, fleet_ids)
         log(json.dumps(loop_figures))
     finally:
+        pages.stopped.set()
         pacing.cancel()
         await asyncio.gather(*(agent.ws.close() for agent in agents), return_exceptions=True)
     if fleet["join"]:
