@@ -255,8 +255,7 @@ class Publisher:
         clusters = await on_publisher_threads(read_cluster_facts)()
         models_due = (self.gpu_models_read_at is None
                       or abs(now_ts - self.gpu_models_read_at) >= GPU_MODELS_REFRESH_S)
-        open_slow, models = await on_publisher_threads(read_slow_gpu_facts)(
-            models_due)
+        open_slow, models = await on_publisher_threads(read_slow_gpu_facts)(models_due)
         if models is not None:
             self.gpu_models, self.gpu_models_read_at = models, now_ts
         fold = await self.store.read_fold()
@@ -280,8 +279,7 @@ class Publisher:
             openings += opened
             closings += closed
         await self.write_node_minute(now)
-        await on_publisher_threads(record_tick)(seen, now,
-                                                                 just_started=just_started)
+        await on_publisher_threads(record_tick)(seen, now, just_started=just_started)
         if openings or closings:
             await on_publisher_threads(record_slow_gpus)(openings, closings, now)
         return clusters

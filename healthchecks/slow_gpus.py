@@ -70,8 +70,8 @@ class SlowGpuWatch:
         nodes_at_load: [(node id, GPUs)] of the cluster's fresh samples, a GPU being a tuple
         (uuid, util_pct, sm_clock_mhz, temp_c, power_w, clock_event_reasons), as
         nodes.live_fold.GPU_AT_LOAD; GPUs below min_util_pct or without an SM clock may be
-        left out (they say nothing). models: {GPU uuid: model name}; open_keys: {(node id, uuid)} of
-        the open slow_gpu events.
+        left out (they say nothing). models: {GPU uuid: model name}; open_keys:
+        {(node id, uuid)} of the open slow_gpu events.
         """
         limits = self.limits
         clocks = {}  # model -> SM clocks of its GPUs at load

@@ -54,18 +54,17 @@ def node_reading(entry, min_util_pct):
     """A live entry (gateway.protocol.live_entry) as a NodeReading."""
     util_sum, util_count, used, total, at_load = 0.0, 0, 0, 0, []
     for gpu in entry["gpus"]:
-        util = reading(gpu.get("util_pct"))
-        if util is not None:
+        util = gpu.get("util_pct")
+        if reading(util) is not None:
             util_sum += util
             util_count += 1
+        if util is not None and util >= min_util_pct and gpu.get("sm_clock_mhz") is not None:
+            at_load.append(gpu_at_load(gpu))
         gpu_used = reading(gpu.get("mem_used_bytes"))
         gpu_total = reading(gpu.get("mem_total_bytes"))
         if gpu_used is not None and gpu_total:
             used += gpu_used
             total += gpu_total
-        util, clock = gpu.get("util_pct"), gpu.get("sm_clock_mhz")
-        if util is not None and util >= min_util_pct and clock is not None:
-            at_load.append(gpu_at_load(gpu))
     node = entry["node"]
     net = (reading(node.get("net_rx_bps")) or 0) + (reading(node.get("net_tx_bps")) or 0)
     return NodeReading(entry["node_id"], entry["received_at"], len(entry["gpus"]), util_sum,
@@ -146,10 +145,7 @@ class LiveFold:
         self.clusters = {}
 
     def add(self, cluster_id, node_reading):
-        fold = self.clusters.get(cluster_id)
-        if fold is None:
-            fold = self.clusters[cluster_id] = ClusterFold()
-        fold.add(node_reading)
+        self.cluster(cluster_id).add(node_reading)
 
     def cluster(self, cluster_id):
         fold = self.clusters.get(cluster_id)
@@ -197,8 +193,9 @@ class NodeMinute:
     def finish_if_new_minute(self, now):
         """(minute, gpus, nodes) of the minute that ended before `now`, or None."""
         minute = minute_of(now)
-        if self.minute is None or self.minute == minute:
-            self.minute = self.minute or minute
+        if self.minute is None:
+            self.minute = minute
+        if self.minute == minute:
             return None
         finished = (self.minute, self.gpus, self.nodes)
         self.minute, self.gpus, self.nodes = minute, {}, {}

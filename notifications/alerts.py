@@ -45,17 +45,16 @@ def update_alerts(now=None):
                     Kind.NODE_STATE: _cluster_states_changed, Kind.AGENT_ACCESS: _node_gone}
         seen, moved, event_changes = set(), 0, []
         for change in changes:
-            handler = handlers.get(change.kind)
             key = (change.kind, change.cluster_id, change.node_id, change.object_id)
             if change.kind == Kind.NODE_STATE:
                 key = (Kind.NODE_STATE, change.cluster_id)  # one look at the cluster a tick
-            if key in seen or (handler is None and change.kind != Kind.HEALTH_EVENT):
+            if key in seen:
                 continue
             seen.add(key)
-            if change.kind == Kind.HEALTH_EVENT:
+            if change.kind == Kind.HEALTH_EVENT:  # all of the tick's at once, below
                 event_changes.append(change)
-            else:
-                moved += handler(change, now)
+            elif change.kind in handlers:
+                moved += handlers[change.kind](change, now)
         moved += _events_changed(event_changes, now)
     return moved + sweep_stuck_repairs(now)
 
@@ -71,14 +70,20 @@ def open_alert(cluster_id, kind, key, *, summary, path, now, node=None, signatur
         return 0
     try:
         with transaction.atomic():  # a concurrent sweep may open the same one
-            Alert.objects.create(
-                cluster_id=cluster_id, kind=kind, key=key, summary=summary[:300], path=path,
-                opened_at=now, resolved_at=now if kind in ONE_OFF_KINDS else None,
-                node_id=node.pk if node else None, node_name=node.name if node else "",
-                signature=signature, severity=severity)
+            new_alert(cluster_id, kind, key, summary=summary, path=path, now=now, node=node,
+                      signature=signature, severity=severity).save(force_insert=True)
     except IntegrityError:
         return 0
     return 1
+
+
+def new_alert(cluster_id, kind, key, *, summary, path, now, node=None, signature="",
+              severity=""):
+    """An Alert opening now, not saved (a one-off kind is resolved as it opens)."""
+    return Alert(cluster_id=cluster_id, kind=kind, key=key, summary=summary[:300], path=path,
+                 opened_at=now, resolved_at=now if kind in ONE_OFF_KINDS else None,
+                 node_id=node.pk if node else None, node_name=node.name if node else "",
+                 signature=signature, severity=severity)
 
 
 def resolve_alert(cluster_id, kind, key, now):
@@ -152,11 +157,10 @@ def _event_alert(event, key, now):
     node = event.node
     where = f" on GPU {event.gpu.index}" if event.gpu is not None else ""
     message = f": {event.message}" if event.message else ""
-    summary = f"{node.name}: {event.signature} ({event.severity}){where}{message}"
-    return Alert(cluster_id=node.cluster_id, kind=AlertKind.NODE_UNHEALTHY, key=key,
-                 summary=summary[:300], path=node.get_absolute_url(), opened_at=now,
-                 node_id=node.pk, node_name=node.name, signature=event.signature,
-                 severity=event.severity)
+    return new_alert(
+        node.cluster_id, AlertKind.NODE_UNHEALTHY, key, now=now, node=node,
+        signature=event.signature, severity=event.severity, path=node.get_absolute_url(),
+        summary=f"{node.name}: {event.signature} ({event.severity}){where}{message}")
 
 
 def _check_run_changed(change, now):
