@@ -8,7 +8,8 @@ from ninja import Field, Schema
 from healthchecks.forms import SilenceForm
 from healthchecks.models import CheckRun
 from nodes.forms import PauseNodeForm
-from repairs.forms import AbortRepairForm, CommentForm, ProposeRepairForm
+from repairs.choices import DrainMode
+from repairs.forms import AbortRepairForm, CommentForm, GoOnNowForm, ProposeRepairForm
 from repairs.models import Repair
 
 
@@ -141,6 +142,30 @@ class CheckRunOut(Schema):
     finished_at: datetime | None
 
 
+class DrainJobOut(Schema):
+    id: str
+    user: str
+    name: str
+    nodes: list[str]
+    time_left_s: int | None = Field(None, description="until its time limit; null: none")
+
+
+class DrainOut(Schema):
+    """How the repair treats the jobs on its node (DESIGN.md "Drain modes"), and, while its
+    drain step waits for jobs, which and until when."""
+
+    mode: str = Field(..., description="no_drain, now, after_jobs or signal")
+    plan: str = Field(..., description="the plan in words")
+    deadline_s: int | None = None
+    at_deadline: str = Field("", description="after_jobs: go_on or keep_waiting")
+    signal: str = Field("", description="signal: the signal sent (USR1)")
+    signal_all_steps: bool = False
+    waiting_for_jobs: list[DrainJobOut] = Field(default_factory=list)
+    deadline: datetime | None = Field(None, description="when the wait ends (or asks again)")
+    past_deadline: bool = False
+    stopping: str = Field("", description="why the jobs are being stopped, once they are")
+
+
 class RepairOut(Schema):
     id: UUID = Field(..., alias="public_id")
     number: int
@@ -167,6 +192,7 @@ class RepairOut(Schema):
     snooze_until: datetime | None = Field(
         None, description="rejected or cancelled: no new recommendation for its events "
                           "before this (null: until they close)")
+    drain: DrainOut
     url: str
 
 
@@ -235,6 +261,14 @@ class Approval(Comment):
     confirm_unknown_jobs: bool = Field(
         False, description="approve although the scheduler cannot be read (which jobs it "
                            "stops is unknown); refused without it then")
+    drain_mode: str | None = Field(
+        None, description="how the jobs are treated, when not as proposed: now, after_jobs "
+                          "or signal (no_drain for clean-up and reconfigure only)",
+        json_schema_extra={"enum": list(DrainMode.values)})
+
+
+class GoOnNow(Schema):
+    comment: str = Field(..., min_length=1, max_length=form_limit(GoOnNowForm, "comment"))
 
 
 class Verdict(Comment):

@@ -35,7 +35,7 @@ from nodes.live_store import get_live_store
 from nodes.models import AgentCommand, Node
 from nodes.queries import live_numbers
 from nodes.services import do_pause_node, do_resume_node, do_send_command
-from repairs.choices import Action
+from repairs.choices import Action, StepKind
 from repairs.filters import RepairHistoryFilter
 from repairs.forms import CommentForm
 from repairs.models import Repair
@@ -48,7 +48,8 @@ from repairs.services import (
     do_recommend_again,
     do_reject_repair,
 )
-from repairs.steps import do_abort_repair
+from repairs.drain_modes import plan_of
+from repairs.steps import do_abort_repair, do_go_on_now
 from repairs.transitions import Conflict, InvalidTransition
 
 from . import schemas
@@ -272,13 +273,25 @@ def repair_json(repair):
             "started_at": repair.started_at, "finished_at": repair.finished_at,
             "outcome": repair.outcome, "follows": repair.follows_id,
             "follows_why": repair.follows_why, "approval_view": repair.approval_view,
-            "snooze_until": repair.snooze_until,
+            "snooze_until": repair.snooze_until, "drain": drain_json(repair),
             "url": settings.CLUSTERUI_PUBLIC_URL.rstrip("/") + repair.get_absolute_url()}
+
+
+def drain_json(repair):
+    plan = plan_of(repair)
+    drain = next((step for step in repair.steps.all() if step.kind == StepKind.DRAIN), None)
+    waiting = drain.waiting_for_jobs if drain is not None else []
+    return {"mode": plan.mode, "plan": plan.words, "deadline_s": plan.deadline_s,
+            "at_deadline": plan.at_deadline, "signal": plan.signal,
+            "signal_all_steps": plan.signal_all_steps, "waiting_for_jobs": waiting,
+            "deadline": drain.drain_deadline if waiting else None,
+            "past_deadline": bool(waiting and drain.details.get("past_deadline")),
+            "stopping": drain.details.get("stopping") or "" if waiting else ""}
 
 
 def repairs_of(cluster):
     return (Repair.objects.filter(cluster=cluster).select_related("node", "cluster", "reviewed_by")
-            .order_by("-requested_at", "-id"))
+            .prefetch_related("steps").order_by("-requested_at", "-id"))
 
 
 @clusters.get("/{slug}/repairs/", response=schemas.RepairPage,
@@ -347,7 +360,7 @@ def list_audit(request, action: str = "", actor: str = "", cluster: str = ""):
 
 def acted(repair):
     return repair_json(Repair.objects.select_related("node", "cluster", "reviewed_by")
-                       .get(pk=repair.pk))
+                       .prefetch_related("steps").get(pk=repair.pk))
 
 
 @clusters.post("/{slug}/repairs/{ref}/approve/", response=schemas.RepairOut,
@@ -358,7 +371,7 @@ def approve_repair(request, slug: str, ref: str, body: schemas.Approval):
     return acted(do_approve_repair(repair, actor=request.user, comment=body.comment,
                                    seen=proposed_card(repair).approval_record(),
                                    confirmed_unknown_jobs=body.confirm_unknown_jobs,
-                                   request=request))
+                                   drain_mode=body.drain_mode, request=request))
 
 
 def verdict_form(body):
@@ -397,6 +410,15 @@ def abort_repair(request, slug: str, ref: str, body: schemas.Abort):
     repair, _ = do_abort_repair(repair, actor=request.user, comment=body.comment,
                                 resume_node=body.resume_node, request=request)
     return acted(repair)
+
+
+@clusters.post("/{slug}/repairs/{ref}/go-on-now/", response=schemas.RepairOut,
+               summary="End a running repair's wait for jobs, saying why: they are stopped "
+                       "now and the repair goes on (operators)")
+def go_on_now(request, slug: str, ref: str, body: schemas.GoOnNow):
+    require(request, Role.OPERATOR)
+    return acted(do_go_on_now(repair_of(slug, ref), actor=request.user, comment=body.comment,
+                              request=request))
 
 
 @clusters.post("/{slug}/nodes/{name}/repairs/", response={201: schemas.RepairOut},

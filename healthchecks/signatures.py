@@ -33,6 +33,7 @@ class SignatureInfo:
     why: str  # why the ladder's first rung fixes it, or why there is no repair
     lighter: str  # why nothing lighter than the first rung is enough; "" for the lightest
     peak: str  # the live metric whose peak a held signal shows (temp_c, power_w), or ""
+    drain: str  # the default drain mode of its rungs that take the node out, or ""
 
     @property
     def notice(self):
@@ -46,7 +47,7 @@ def signatures():
         return {row["signature"]: SignatureInfo(
                     row["signature"], row["source"], row["kind"], row["meaning"],
                     row["closes"], tuple(row["ladder"].split()), row["why"], row["lighter"],
-                    row["peak"])
+                    row["peak"], row["drain"])
                 for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)}
 
 

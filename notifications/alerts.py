@@ -14,7 +14,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Max
+from django.db.models import Exists, Max, OuterRef
 from django.urls import reverse
 from django.utils import timezone
 
@@ -23,8 +23,8 @@ from clusters.models import Cluster
 from healthchecks.models import CheckRun, HealthEvent
 from nodes.models import Node
 from nodes.states import out_of_service
-from repairs.choices import Status
-from repairs.models import Repair
+from repairs.choices import Status, StepKind, StepStatus
+from repairs.models import Repair, RepairStep
 from startup.models import ScriptRun
 
 from .choices import ONE_OFF_KINDS, AlertKind
@@ -101,7 +101,8 @@ def _repair_changed(change, now):
     repair = Repair.objects.select_related("node", "cluster").filter(pk=_object_id(change)).first()
     if repair is None:  # gone with its node: nothing awaits anyone
         return sum(resolve_alert(change.cluster_id, kind, key, now) for kind in (
-            AlertKind.REPAIR_AWAITING_APPROVAL, AlertKind.REPAIR_STUCK))
+            AlertKind.REPAIR_AWAITING_APPROVAL, AlertKind.REPAIR_STUCK,
+            AlertKind.REPAIR_PAST_DEADLINE))
     moved = 0
     path = repair.get_absolute_url()
     node = repair.node
@@ -115,6 +116,17 @@ def _repair_changed(change, now):
         moved += resolve_alert(repair.cluster_id, AlertKind.REPAIR_AWAITING_APPROVAL, key, now)
     if repair.status not in ACTIVE_REPAIR:
         moved += resolve_alert(repair.cluster_id, AlertKind.REPAIR_STUCK, key, now)
+    past = (repair.steps.filter(kind=StepKind.DRAIN, status=StepStatus.WAITING).first()
+            if repair.status == Status.RUNNING else None)
+    if past is not None and past.details.get("past_deadline"):
+        jobs = ", ".join(job["id"] for job in past.details.get("jobs", []))
+        moved += open_alert(
+            repair.cluster_id, AlertKind.REPAIR_PAST_DEADLINE, key, now=now, node=node,
+            signature=repair.signature, path=path,
+            summary=f"{node.name}: repair #{repair.pk} ({repair.action}) still waits for "
+                    f"jobs {jobs} past its drain deadline; go on now or abort it")
+    else:
+        moved += resolve_alert(repair.cluster_id, AlertKind.REPAIR_PAST_DEADLINE, key, now)
     if repair.status == Status.FAILED:
         moved += open_alert(
             repair.cluster_id, AlertKind.REPAIR_FAILED, key, now=now, node=node,
@@ -218,7 +230,11 @@ def sweep_stuck_repairs(now):
     move, no step started or finished) for CLUSTERUI_NOTIFY_REPAIR_STUCK_S; resolve it once
     the repair moves again."""
     cutoff = now - timedelta(seconds=settings.CLUSTERUI_NOTIFY_REPAIR_STUCK_S)
-    repairs = (Repair.objects.filter(status__in=ACTIVE_REPAIR)
+    # A drain waiting for jobs is not stuck: it waits up to its deadline, and past it the
+    # repair has an alert of its own (_repair_changed).
+    drain_waits = RepairStep.objects.filter(repair=OuterRef("pk"), kind=StepKind.DRAIN,
+                                            status=StepStatus.WAITING)
+    repairs = (Repair.objects.filter(status__in=ACTIVE_REPAIR).exclude(Exists(drain_waits))
                .annotate(moved_at=Max("transitions__at"), step_started=Max("steps__started_at"),
                          step_finished=Max("steps__finished_at"))
                .select_related("node", "cluster"))

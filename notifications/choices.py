@@ -8,6 +8,7 @@ class AlertKind(models.TextChoices):
 
     REPAIR_AWAITING_APPROVAL = "repair_awaiting_approval", "a repair awaits approval"
     REPAIR_STUCK = "repair_stuck", "a repair is stuck"
+    REPAIR_PAST_DEADLINE = "repair_past_deadline", "a repair waits for jobs past its deadline"
     NODE_UNHEALTHY = "node_unhealthy", "a node is unhealthy"
     CLUSTER_DEGRADED = "cluster_degraded", "the cluster is degraded"
     REPAIR_FAILED = "repair_failed", "a repair failed"

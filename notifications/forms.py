@@ -23,7 +23,8 @@ class ChannelForm(forms.ModelForm):
     kinds = forms.MultipleChoiceField(
         label="send", choices=AlertKind.choices, widget=forms.CheckboxSelectMultiple,
         initial=[AlertKind.REPAIR_AWAITING_APPROVAL, AlertKind.REPAIR_FAILED,
-                 AlertKind.REPAIR_STUCK, AlertKind.CLUSTER_DEGRADED])
+                 AlertKind.REPAIR_STUCK, AlertKind.REPAIR_PAST_DEADLINE,
+                 AlertKind.CLUSTER_DEGRADED])
     min_severity = forms.ChoiceField(
         label="unhealthy nodes from severity", choices=Severity.choices,
         initial=Severity.WARNING)

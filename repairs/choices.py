@@ -49,6 +49,37 @@ ACTION_SIGNATURES = {
 }
 
 
+class DrainMode(models.TextChoices):
+    """How a repair that takes the node out treats the jobs on it (DESIGN.md "Drain modes")."""
+
+    NO_DRAIN = "no_drain", "no drain"
+    NOW = "now", "now"
+    AFTER_JOBS = "after_jobs", "after the jobs end"
+    SIGNAL = "signal", "signal, then wait"
+
+
+DRAIN_MODE_EXPLANATIONS = {
+    DrainMode.NO_DRAIN: "the node stays in service and its jobs run on",
+    DrainMode.NOW: "requeue the jobs that Slurm can requeue and cancel the rest (a multi-node "
+                   "job whole); pods are evicted, and deleted with their grace period where a "
+                   "disruption budget refuses",
+    DrainMode.AFTER_JOBS: "drain, and act once no job runs on the node, up to a deadline",
+    DrainMode.SIGNAL: "drain and send the jobs a signal that checkpointing jobs handle, wait "
+                      "up to a grace period for them to end or requeue, then go on as now",
+}
+
+# The deadline of the modes that wait, unless the policy sets one.
+DEFAULT_DRAIN_DEADLINE_S = {DrainMode.AFTER_JOBS: 24 * 3600, DrainMode.SIGNAL: 600}
+DEFAULT_DRAIN_SIGNAL = "USR1"
+
+
+class AtDeadline(models.TextChoices):
+    """What an "after the jobs end" drain does when its deadline passes."""
+
+    GO_ON = "go_on", "go on as now"
+    KEEP_WAITING = "keep_waiting", "keep waiting, with an alert"
+
+
 class Status(models.TextChoices):
     """DESIGN.md's repair statuses; repairs/transitions.py holds the moves between them."""
 

@@ -3,7 +3,7 @@ from datetime import timedelta
 
 from django import forms
 
-from .choices import ACTION_SIGNATURES, Action
+from .choices import ACTION_SIGNATURES, Action, AtDeadline, DrainMode
 from .providers import ACTIONS as PROVIDER_ACTIONS
 from .providers import validate_command_template
 from .models import RepairSettings
@@ -23,11 +23,21 @@ class CommentForm(forms.Form):
         "max_length": "The comment is too long: 500 characters at most."})
     snooze = forms.ChoiceField(choices=SNOOZE_CHOICES, required=False)
     confirm_unknown_jobs = forms.BooleanField(required=False)
+    # Approving: how the jobs are treated, when the approver changes it (empty: as proposed).
+    drain_mode = forms.ChoiceField(choices=[("", "as proposed"), *DrainMode.choices],
+                                   required=False)
 
     def snooze_for(self):
         """The chosen snooze for do_reject_repair / do_cancel_repair: None until the events
         close."""
         return self.SNOOZES[self.cleaned_data.get("snooze") or "events"]
+
+
+class GoOnNowForm(forms.Form):
+    """Ending a drain's wait for jobs: why (required)."""
+
+    comment = forms.CharField(max_length=500, error_messages={
+        "required": "Say why the jobs are stopped now."})
 
 
 class AbortRepairForm(forms.Form):
@@ -52,11 +62,11 @@ class RepairSettingsForm(forms.ModelForm):
     class Meta:
         model = RepairSettings
         fields = ["provider", "blast_radius_pct",
-                  "drain_grace_s", "boot_timeout_s", "window_mode", "window_action",
+                  "boot_timeout_s", "window_mode", "window_action",
                   "xid_window_count", "xid_window_hours", "repair_window_count",
                   "repair_window_days"]
         labels = {"blast_radius_pct": "Blast radius (% of the cluster's nodes)",
-                  "drain_grace_s": "Drain grace (s)", "boot_timeout_s": "Boot timeout (s)",
+                  "boot_timeout_s": "Boot timeout (s)",
                   "window_mode": "Count windows", "window_action": "A tripped window recommends",
                   "xid_window_count": "Fatal Xids on one GPU", "xid_window_hours": "in hours",
                   "repair_window_count": "Repairs of one node",
@@ -102,11 +112,40 @@ DEFAULT, NONE = "default", "none"
 SIGNATURE = re.compile(r"^[a-z0-9_.-]+(:[a-z0-9_.-]+)?$")
 
 
+SIGNAL_NAME = re.compile(r"^[A-Z][A-Z0-9+]*$")
+
+
 class RepairPolicyForm(forms.Form):
     signature = forms.CharField(max_length=64)
     action = forms.ChoiceField(choices=[(DEFAULT, "the default"), (NONE, "none: no repair"),
                                         *Action.choices])
     auto_approve = forms.BooleanField(required=False)
+    drain_mode = forms.ChoiceField(
+        choices=[("", "the default"), *((value, label) for value, label in DrainMode.choices
+                                        if value != DrainMode.NO_DRAIN)], required=False)
+    drain_deadline_min = forms.IntegerField(
+        min_value=1, max_value=30 * 24 * 60, required=False,
+        help_text="after the jobs end: how long to wait; signal, then wait: the grace period")
+    drain_at_deadline = forms.ChoiceField(choices=[("", "the default"), *AtDeadline.choices],
+                                          required=False)
+    drain_signal = forms.CharField(max_length=16, required=False,
+                                   help_text="signal, then wait: USR1, TERM, URG...")
+    drain_signal_all_steps = forms.BooleanField(required=False)
+
+    def clean_drain_signal(self):
+        signal = self.cleaned_data["drain_signal"].strip().upper().removeprefix("SIG")
+        if signal and not SIGNAL_NAME.match(signal):
+            raise forms.ValidationError(f"{signal!r} is not a signal name: e.g. USR1, TERM.")
+        return signal
+
+    def drain_fields(self):
+        """The row's drain fields for repairs.services.do_set_repair_policy."""
+        minutes = self.cleaned_data.get("drain_deadline_min")
+        return {"drain_mode": self.cleaned_data.get("drain_mode") or "",
+                "drain_deadline_s": minutes * 60 if minutes else None,
+                "drain_at_deadline": self.cleaned_data.get("drain_at_deadline") or "",
+                "drain_signal": self.cleaned_data.get("drain_signal") or "",
+                "drain_signal_all_steps": bool(self.cleaned_data.get("drain_signal_all_steps"))}
 
     def clean_signature(self):
         signature = self.cleaned_data["signature"].strip().lower()

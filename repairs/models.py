@@ -1,4 +1,5 @@
 import uuid
+from datetime import datetime
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -9,7 +10,16 @@ from clusters.models import Cluster
 from healthchecks.models import HealthEvent
 from nodes.models import Gpu, Node
 
-from .choices import OPEN_STATUSES, STATUS_COLOURS, Action, Status, StepKind, StepStatus
+from .choices import (
+    OPEN_STATUSES,
+    STATUS_COLOURS,
+    Action,
+    AtDeadline,
+    DrainMode,
+    Status,
+    StepKind,
+    StepStatus,
+)
 
 
 class RepairSettings(models.Model):
@@ -31,8 +41,6 @@ class RepairSettings(models.Model):
         default=10, validators=[MinValueValidator(1), MaxValueValidator(100)],
         help_text="A repair waits while it would put more than this share of the cluster's "
                   "nodes out of service (counting its own node; one node may always be).")
-    drain_grace_s = models.PositiveIntegerField(
-        default=600, help_text="How long a drain waits for running jobs before requeueing them.")
     boot_timeout_s = models.PositiveIntegerField(
         default=1800, help_text="How long a repair waits for the node to come back.")
 
@@ -66,15 +74,35 @@ class RepairSettings(models.Model):
         return f"repair settings of {self.cluster}"
 
 
-class RepairPolicy(models.Model):
-    """An admin's choice for one signature on one cluster: which action it calls for (or
-    none), and whether its recommendations approve themselves. Signatures without a row
-    get the defaults (repairs.policy)."""
+class DrainFields(models.Model):
+    """How a repair treats the jobs on its node (repairs.drain_modes): on a policy row, what
+    its signature's repairs get (empty: the defaults); on a repair, what it does."""
+
+    drain_mode = models.CharField(max_length=16, choices=DrainMode.choices, blank=True)
+    drain_deadline_s = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(60)],
+        help_text="after the jobs end, signal then wait: how long the drain waits")
+    drain_at_deadline = models.CharField(max_length=16, choices=AtDeadline.choices, blank=True)
+    drain_signal = models.CharField(max_length=16, blank=True,
+                                    help_text="signal then wait: the signal (USR1)")
+    drain_signal_all_steps = models.BooleanField(
+        default=False, help_text="signal then wait: every step and the batch shell, not the "
+                                 "batch shell only")
+
+    class Meta:
+        abstract = True
+
+
+class RepairPolicy(DrainFields):
+    """An admin's choice for one signature on one cluster: which action it calls for (the
+    default ladder, another first rung, or none), whether its recommendations approve
+    themselves, and how its repairs drain. Signatures without a row get the defaults
+    (repairs.policy, repairs.drain_modes)."""
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="repair_policies")
     signature = models.CharField(max_length=64)
-    action = models.CharField(max_length=16, choices=Action.choices, blank=True,
-                              help_text="empty: no repair for this signature")
+    action = models.CharField(max_length=16, choices=Action.choices, blank=True, null=True,
+                              help_text="null: the default ladder; empty: no repair")
     auto_approve = models.BooleanField(default=False)
     updated_at = models.DateTimeField(auto_now=True)
     updated_by = models.ForeignKey(
@@ -94,9 +122,10 @@ class RepairQuerySet(models.QuerySet):
         return self.filter(status__in=OPEN_STATUSES)
 
 
-class Repair(models.Model):
+class Repair(DrainFields):
     """A recommended or requested repair of one node, and its execution. `status` moves only
-    through repairs.transitions.transition()."""
+    through repairs.transitions.transition(). Its drain fields are its DrainPlan
+    (repairs.drain_modes.plan_of), set when it is proposed and changeable at approval."""
 
     public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="repairs")
@@ -220,3 +249,18 @@ class RepairStep(models.Model):
 
     def __str__(self):
         return f"#{self.repair_id} step {self.position} {self.kind} ({self.status})"
+
+    @property
+    def waiting_for_jobs(self):
+        """A drain that waits for jobs: the jobs ({id, user, name, nodes, time_left_s}), as
+        its last check found them; [] otherwise."""
+        if self.kind != StepKind.DRAIN or self.status not in (StepStatus.WAITING,
+                                                              StepStatus.RUNNING):
+            return []
+        return self.details.get("jobs") or []
+
+    @property
+    def drain_deadline(self):
+        """When a waiting drain stops waiting (or asks an operator), or None."""
+        deadline = self.details.get("deadline")
+        return datetime.fromisoformat(deadline) if deadline else None

@@ -78,9 +78,9 @@ def default_ladder(signature, gpu_model=""):
 
 def ladder_for(signature, gpu_model, row):
     """The Ladder for a signature on a cluster: row is the cluster's RepairPolicy for it, or
-    None for the default."""
+    None (or a row that sets only how its repairs drain) for the default."""
     default = default_ladder(signature, gpu_model)
-    if row is None:
+    if row is None or row.action is None:
         return default
     who = row.updated_by.get_username() if row.updated_by_id else "an admin"
     if not row.action:
@@ -115,8 +115,8 @@ def choose_action(event, policies, now):
     node's cluster."""
     model = event.gpu.name if event.gpu is not None else ""
     row = policies.get(event.signature)
-    ladder = event_ladder(event, model) if row is None else ladder_for(event.signature, model,
-                                                                       row)
+    ladder = (event_ladder(event, model) if row is None or row.action is None
+              else ladder_for(event.signature, model, row))
     if event.gpu is None:  # a node-level signal: no GPU to reset
         ladder = replace(ladder, actions=tuple(a for a in ladder.actions if a not in GPU_ACTIONS))
     if not ladder.actions:

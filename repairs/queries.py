@@ -21,7 +21,16 @@ from healthchecks.models import HealthEvent
 from nodes.models import Gpu
 from schedulers import ExecutorError, Job, NoScheduler, scheduler_for
 
-from .choices import ACTION_EXPLANATIONS, FINISHED_STATUSES, IN_SERVICE_ACTIONS, Status
+from .choices import (
+    ACTION_EXPLANATIONS,
+    DRAIN_MODE_EXPLANATIONS,
+    FINISHED_STATUSES,
+    IN_SERVICE_ACTIONS,
+    Action,
+    DrainMode,
+    Status,
+)
+from .drain_modes import DrainPlan, jobs_end_by, modes_for, plan_for, plan_of
 from .forms import CommentForm, ProposeRepairForm
 from .models import Repair, RepairPolicy
 from .policy import Ladder, default_ladder
@@ -143,6 +152,25 @@ class RepairCard:
     @property
     def keeps_the_node_in_service(self):
         return self.repair.action in IN_SERVICE_ACTIONS
+
+    @property
+    def drain(self):
+        """The repair's DrainPlan."""
+        return plan_of(self.repair)
+
+    @property
+    def drain_choices(self):
+        """[(mode, label, explanation)] the approver may choose from; one: no choice."""
+        return [(mode, DrainMode(mode).label, DRAIN_MODE_EXPLANATIONS[mode])
+                for mode in modes_for(self.repair.action)]
+
+    @property
+    def jobs_end_by(self):
+        """When the jobs on the node reach their time limits (the latest), or None when one
+        has none, or they are not known."""
+        if self.jobs is None or not self.jobs.jobs or self.jobs.read_at is None:
+            return None
+        return jobs_end_by(self.jobs.jobs, self.jobs.read_at)
 
     def approval_record(self):
         """What this card shows an approver about the cost, for Repair.approval_view."""
@@ -364,6 +392,17 @@ class PolicyRow:
     default: Ladder
     override: RepairPolicy | None
     decisions: Decisions
+    drain: DrainPlan  # how its repairs that take the node out drain on this cluster
+
+
+def policy_drain(cluster, signature, ladder, override):
+    """The DrainPlan of a signature's first rung on the cluster."""
+    if override is not None and override.action:
+        action = override.action
+    else:
+        action = next((a for a in ladder.actions if a not in IN_SERVICE_ACTIONS),
+                      ladder.actions[0] if ladder.actions else Action.REBOOT)
+    return plan_for(cluster, signature, action, policy=override)
 
 
 def policy_rows(cluster, now=None):
@@ -379,6 +418,12 @@ def policy_rows(cluster, now=None):
                     if policy_for(code, cluster.gpu_type).recommendation)]
     signatures += sorted(set(overrides) - set(signatures))
     decisions = decisions_by_signature(cluster, now)
-    return [PolicyRow(signature, default_ladder(signature, cluster.gpu_type),
-                      overrides.get(signature), decisions.get(signature, Decisions()))
-            for signature in signatures if "<" not in signature]
+    rows = []
+    for signature in signatures:
+        if "<" in signature:
+            continue
+        ladder = default_ladder(signature, cluster.gpu_type)
+        override = overrides.get(signature)
+        rows.append(PolicyRow(signature, ladder, override, decisions.get(signature, Decisions()),
+                              policy_drain(cluster, signature, ladder, override)))
+    return rows

@@ -25,9 +25,10 @@ from nodes import maintenance
 from nodes.choices import NodeState
 from nodes.models import Node
 
-from .choices import (AGENT_ACTIONS, IN_SERVICE_ACTIONS, STEPS, Status, StepKind, StepStatus,
-                      cost)
+from .choices import (AGENT_ACTIONS, IN_SERVICE_ACTIONS, STEPS, DrainMode, Status, StepKind,
+                      StepStatus, cost)
 from .announcements import announce_repair_change
+from .drain_modes import modes_for, plan_for, plan_of
 from .models import Repair, RepairPolicy, RepairSettings, RepairStep
 from .policy import Choice, apply_windows, choose_action, escalate, in_cooldown, node_window
 from .rejections import holds_back, rejections_in_force, what_is_new
@@ -128,17 +129,18 @@ def refresh_recommendation(node, now=None):
     if current is not None:
         transition(current, Status.SUPERSEDED,
                    reason=f"a costlier repair ({choice.action}) is needed", now=now)
+    policy = RepairPolicy.objects.filter(cluster=node.cluster,
+                                         signature=found.event.signature).first()
+    plan = plan_for(node.cluster, found.event.signature, choice.action, policy=policy)
     repair = Repair.objects.create(
         cluster=node.cluster, node=node, gpu=found.event.gpu, action=choice.action,
         signature=found.event.signature, reason=choice.why, requested_at=now,
         boot_id_before=node.boot_id, follows=follows, follows_why=follows_why[:500],
-        would_have=choice.would_have[:500])
+        would_have=choice.would_have[:500], **plan.as_fields())
     repair.events.add(*found.events)
     if current is not None:
         Repair.objects.filter(pk=current.pk).update(superseded_by=repair)
     announce_repair_change(repair)
-    policy = RepairPolicy.objects.filter(cluster=node.cluster,
-                                         signature=found.event.signature).first()
     if policy is not None and policy.auto_approve and policy.action == choice.action:
         repair = transition(repair, Status.APPROVED, reason=f"auto-approved: the cluster's "
                             f"policy for {found.event.signature}", now=now, auto_approved=True,
@@ -241,7 +243,8 @@ def do_propose_repair(node: Node, *, action, actor: AbstractBaseUser, reason,
             repair = Repair.objects.create(
                 cluster=node.cluster, node=node, action=action, signature="manual",
                 reason=f"proposed by {actor.get_username()}: {reason}", requested_by=actor,
-                requested_at=now, boot_id_before=node.boot_id)
+                requested_at=now, boot_id_before=node.boot_id,
+                **plan_for(node.cluster, "manual", action).as_fields())
     except IntegrityError:
         raise RepairRefused(f"{node.name} already has an open repair") from None
     repair.events.add(*node.health_events.open())
@@ -253,22 +256,34 @@ def do_propose_repair(node: Node, *, action, actor: AbstractBaseUser, reason,
 
 @transaction.atomic
 def do_approve_repair(repair, *, actor: AbstractBaseUser, comment="", seen: dict | None = None,
-                      confirmed_unknown_jobs=False, request: HttpRequest | None = None,
+                      confirmed_unknown_jobs=False, drain_mode=None,
+                      request: HttpRequest | None = None,
                       now: datetime | None = None) -> Repair:
     """Approve a proposed repair and start it (or let it wait for the blast-radius limit).
     `seen`: what the card showed the approver about its cost (RepairCard.approval_record),
     kept with the repair. When the scheduler could not be read, nobody knows which jobs it
-    stops: the approver must say so (confirmed_unknown_jobs), or it is refused. Two
-    operators approving at once: one wins, the other gets Conflict."""
+    stops: the approver must say so (confirmed_unknown_jobs), or it is refused.
+    `drain_mode`: the approver's choice of how the jobs are treated, when it is not the
+    repair's own (repairs.drain_modes). Two operators approving at once: one wins, the
+    other gets Conflict."""
     now = now or timezone.now()
-    seen = seen or {}
+    seen = dict(seen or {})
     if seen.get("error") and not confirmed_unknown_jobs:
         raise RepairRefused(f"the scheduler could not be read ({seen['error']}), so nobody "
                             f"can say which jobs this repair stops: confirm to approve anyway")
+    plan = plan_of(repair)
+    changes = {"comment": comment}
+    if drain_mode and drain_mode != plan.mode:
+        if drain_mode not in modes_for(repair.action):
+            raise RepairRefused(f"a {repair.action} cannot drain {DrainMode(drain_mode).label!r}"
+                                if drain_mode in DrainMode.values else
+                                f"{drain_mode!r} is not a drain mode")
+        changes["drain_mode"] = {"before": plan.mode, "after": drain_mode}
+        plan = plan_for(repair.cluster, repair.signature, repair.action, mode=drain_mode)
+    seen["drain"] = plan.words
     repair = transition(repair, Status.APPROVED, actor=actor, reason=comment or "approved",
                         now=now, reviewed_by=actor, reviewed_at=now, review_comment=comment,
-                        approval_view=seen)
-    changes = {"comment": comment}
+                        approval_view=seen, **plan.as_fields())
     if seen.get("error"):
         changes["approved_without_knowing_the_jobs"] = seen["error"]
     record_audit(actor, "repair.approve", repair, cluster=repair.cluster, request=request,
@@ -480,7 +495,7 @@ def due_steps(now=None):
 # Settings and policy: admins' changes, each audited.
 
 SETTINGS_FIELDS = ("provider", "provider_commands",
-                   "blast_radius_pct", "drain_grace_s", "boot_timeout_s", "window_mode",
+                   "blast_radius_pct", "boot_timeout_s", "window_mode",
                    "window_action", "xid_window_count", "xid_window_hours",
                    "repair_window_count", "repair_window_days")
 
@@ -503,17 +518,29 @@ def do_update_repair_settings(form, *, actor: AbstractBaseUser, request: HttpReq
     return list(changed)
 
 
+# A policy row's drain fields when it leaves drains to the defaults.
+DEFAULT_DRAIN_FIELDS = {"drain_mode": "", "drain_deadline_s": None, "drain_at_deadline": "",
+                        "drain_signal": "", "drain_signal_all_steps": False}
+
+
 @transaction.atomic
 def do_set_repair_policy(cluster: Cluster, signature, *, action, auto_approve,
-                         actor: AbstractBaseUser, request: HttpRequest | None = None,
+                         drain: dict | None = None, actor: AbstractBaseUser,
+                         request: HttpRequest | None = None,
                          now: datetime | None = None) -> bool:
     """The cluster's policy for one signature. action: an Action, "" for no repair, or None
-    to drop the cluster's row (the defaults of repairs.policy apply again). Returns whether
-    anything changed."""
+    for the default ladder. drain: the row's drain fields (DEFAULT_DRAIN_FIELDS' keys;
+    None: the defaults). A row that sets nothing is dropped (the defaults of repairs.policy
+    and repairs.drain_modes apply again). Returns whether anything changed."""
     row = RepairPolicy.objects.select_for_update().filter(cluster=cluster,
                                                           signature=signature).first()
-    before = None if row is None else {"action": row.action, "auto_approve": row.auto_approve}
-    after = None if action is None else {"action": action, "auto_approve": auto_approve}
+    drain = {**DEFAULT_DRAIN_FIELDS, **(drain or {})}
+    before = None if row is None else {
+        "action": row.action, "auto_approve": row.auto_approve,
+        **{name: getattr(row, name) for name in DEFAULT_DRAIN_FIELDS}}
+    after = {"action": action, "auto_approve": auto_approve, **drain}
+    if after == {"action": None, "auto_approve": False, **DEFAULT_DRAIN_FIELDS}:
+        after = None
     if before == after:
         return False
     changes = {"signature": signature, "before": before, "after": after}
@@ -523,8 +550,7 @@ def do_set_repair_policy(cluster: Cluster, signature, *, action, auto_approve,
         row.delete()
         return True
     row, _ = RepairPolicy.objects.update_or_create(
-        cluster=cluster, signature=signature,
-        defaults={"action": action, "auto_approve": auto_approve, "updated_by": actor})
+        cluster=cluster, signature=signature, defaults={**after, "updated_by": actor})
     record_audit(actor, "repairpolicy.update", row, changes=changes, cluster=cluster,
                  request=request, now=now)
     return True

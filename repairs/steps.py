@@ -40,8 +40,17 @@ from nodes.services import (
 from clusters.services import record_audit
 from schedulers import ExecutorError, RetryLater, scheduler_for
 
-from .choices import IN_SERVICE_ACTIONS, Action, Status, StepKind, StepStatus
 from .announcements import announce_repair_change
+from .choices import (
+    IN_SERVICE_ACTIONS,
+    Action,
+    AtDeadline,
+    DrainMode,
+    Status,
+    StepKind,
+    StepStatus,
+)
+from .drain_modes import plan_of
 from .models import Repair, RepairSettings, RepairStep
 from .providers import CommandProvider, SimulatedProvider
 from .services import DUE_EARLY, RepairRefused, due_steps, enqueue_step, settings_for
@@ -104,29 +113,64 @@ SIGNAL_GONE = {Action.RECONFIGURE: "Slurm's view of the GPUs matches the hardwar
 
 
 def drain(repair, step, now):
+    """Take the node out of the scheduler's hands and treat its jobs as the repair's drain
+    plan says (repairs.drain_modes): stop them now; or wait for them to end, up to a
+    deadline, after a signal for the "signal, then wait" mode. While jobs run the step
+    waits, re-checked on the sweeps queue, with the jobs and the deadline in its details
+    (the repair's page shows them). At the deadline: stop them, or keep waiting (the
+    notifier alerts) until an operator goes on now (do_go_on_now) or aborts."""
     scheduler = scheduler_for(repair.cluster)
+    plan = plan_of(repair)
     name = repair.node.name
     output = ""
-    state = scheduler.node(name)
-    if not (state.drained and state.reason == drain_reason(repair)):
-        output = scheduler.drain(name, drain_reason(repair))
+    if "drained_at" not in step.details:
+        output = scheduler.drain(name, drain_reason(repair)) + "\n"
+        set_details(step, drained_at=now.isoformat())
     jobs = scheduler.running_jobs(name)
     if not jobs:
+        set_details(step, jobs=[])
         return Done(f"drained ({scheduler.name})", output)
-    grace = timedelta(seconds=settings_for(repair.cluster).drain_grace_s)
-    started = step.started_at or now
-    if now < started + grace:
-        return Wait(f"drained; waiting for {len(jobs)} running job(s) to end, until "
-                    f"{(started + grace):%H:%M:%S} UTC", JOBS_RECHECK, output)
-    # requeue() leaves jobs that are no longer running alone: asking again after a killed
-    # worker does not run a job twice.
-    try:
-        output += scheduler.requeue([job.id for job in jobs])
-    except ExecutorError as exc:
-        return Wait(f"grace period over, but not every job could be requeued ({exc}); waiting "
-                    f"for them to end", JOBS_RECHECK, output)
-    return Wait(f"grace period over: requeued {len(jobs)} job(s); waiting for them to leave "
-                f"the node", RECHECK, output)
+    ids = ", ".join(job.id for job in jobs)
+    deadline = (step.started_at or now) + plan.deadline if plan.waits else None
+    past = deadline is not None and now >= deadline
+    go_on = step.details.get("go_on")
+    if plan.mode == DrainMode.NOW:
+        why = "drain mode now"
+    elif go_on:
+        why = f"{go_on['by']} chose to go on now"
+    elif past and (plan.mode == DrainMode.SIGNAL or plan.at_deadline == AtDeadline.GO_ON):
+        why = "the deadline passed"
+    else:
+        why = ""
+    set_details(step, jobs=[job_summary(job) for job in jobs],
+                deadline=deadline.isoformat() if deadline else None,
+                past_deadline=past and not why, stopping=why)
+    if why:
+        output += scheduler.stop(name, jobs) + "\n"
+        return Wait(f"{why}: stopping {len(jobs)} job(s) ({ids}); waiting for them to leave "
+                    f"{name}", RECHECK, output)
+    signalled = step.details.get("signalled_at")
+    if plan.mode == DrainMode.SIGNAL and not signalled:
+        output += scheduler.signal(name, jobs, plan.signal, plan.signal_all_steps) + "\n"
+        signalled = now.isoformat()
+        set_details(step, signalled_at=signalled)
+    elif not scheduler.jobs_end_on_their_own:
+        # Kubernetes: waiting means evicting as the disruption budgets allow, at each check.
+        output += scheduler.signal(name, jobs, plan.signal, plan.signal_all_steps) + "\n"
+    until = f"{deadline:%Y-%m-%d %H:%M} UTC"
+    if past:
+        return Wait(f"past its deadline ({until}): still waiting for {len(jobs)} job(s) "
+                    f"({ids}); an operator may go on now or abort", JOBS_RECHECK, output)
+    sent = f"sent SIG{plan.signal}; " if plan.mode == DrainMode.SIGNAL and \
+        scheduler.jobs_end_on_their_own else ""
+    return Wait(f"drained; {sent}waiting for {len(jobs)} job(s) to end ({ids}), until {until}",
+                JOBS_RECHECK, output)
+
+
+def job_summary(job):
+    """What the repair's page shows of a job its drain waits for."""
+    return {"id": job.id, "user": job.user, "name": job.name, "nodes": list(job.nodes),
+            "time_left_s": job.time_left_s}
 
 
 def act(repair, step, now):
@@ -471,12 +515,41 @@ def do_abort_repair(repair, *, actor: AbstractBaseUser, comment, resume_node,
                        f"it is paused."
 
 
+def do_go_on_now(repair, *, actor: AbstractBaseUser, comment,
+                 request: HttpRequest | None = None, now: datetime | None = None) -> Repair:
+    """An operator ends the wait of a running repair's drain, saying why: its jobs are
+    stopped now (requeued or cancelled; pods evicted, or deleted where a budget refuses) and
+    the repair goes on. Raises RepairRefused when its drain is not waiting for jobs."""
+    if not comment.strip():
+        raise RepairRefused("Say why the jobs are stopped now.")
+    now = now or timezone.now()
+    with transaction.atomic():
+        step = (RepairStep.objects.select_for_update()
+                .filter(repair=repair, kind=StepKind.DRAIN, repair__status=Status.RUNNING,
+                        status__in=[StepStatus.WAITING, StepStatus.RUNNING]).first())
+        if step is None or not step.details.get("jobs"):
+            raise RepairRefused(f"repair #{repair.pk} is not waiting for jobs")
+        if step.details.get("go_on") or step.details.get("stopping"):
+            raise RepairRefused(f"repair #{repair.pk} already stops its jobs")
+        set_details(step, go_on={"by": actor.get_username(), "at": now.isoformat(),
+                                 "comment": comment})
+        RepairStep.objects.filter(pk=step.pk, status=StepStatus.WAITING).update(next_check_at=now)
+        record_audit(actor, "repair.go_on_now", repair, cluster=repair.cluster, request=request,
+                     changes={"comment": comment,
+                              "jobs": [job["id"] for job in step.details["jobs"]]}, now=now)
+        if step.status == StepStatus.WAITING:
+            enqueue_step(step.pk)
+        announce_repair_change(repair)
+    return repair
+
+
 def lift_drain(repair):
-    """Resume the node in its scheduler if this repair's drain is still on it."""
+    """Resume the node in its scheduler if this repair's drain is still on it (a Kubernetes
+    node still cordoned by it, its pods not all gone, counts)."""
     scheduler = scheduler_for(repair.cluster)
     name = repair.node.name
     state = scheduler.node(name)
-    if not state.drained or state.reason != drain_reason(repair):
+    if state.reason != drain_reason(repair):
         return f"{name} is back in service."
     scheduler.resume(name)
     return f"{name} is back in service ({scheduler.name} drain lifted)."

@@ -18,4 +18,5 @@ urlpatterns = [
     path("<uuid:public_id>/reject/", views.repair_reject, name="reject"),
     path("<uuid:public_id>/cancel/", views.repair_cancel, name="cancel"),
     path("<uuid:public_id>/abort/", views.repair_abort, name="abort"),
+    path("<uuid:public_id>/go-on-now/", views.repair_go_on_now, name="go_on_now"),
 ]

@@ -20,12 +20,13 @@ from common.exports import csv_response, invalid_filters_response
 from healthchecks.xid_catalog import catalog
 from nodes.queries import get_node_for_user
 
-from .choices import OPEN_STATUSES, Action, Status
+from .choices import OPEN_STATUSES, Action, AtDeadline, DrainMode, Status
 from .providers import ACTIONS as PROVIDER_ACTIONS
 from .filters import RepairHistoryFilter
 from .forms import (
     AbortRepairForm,
     CommentForm,
+    GoOnNowForm,
     ProposeRepairForm,
     RepairPolicyForm,
     RepairSettingsForm,
@@ -52,7 +53,7 @@ from .services import (
     do_update_repair_settings,
     settings_for,
 )
-from .steps import do_abort_repair
+from .steps import do_abort_repair, do_go_on_now
 from .transitions import Conflict, InvalidTransition
 
 HISTORY_PAGE_SIZE = 50
@@ -162,17 +163,23 @@ def done_message(repair, verb):
     return f"Repair #{repair.pk} {verb}."
 
 
+def form_errors(form):
+    """A refused form's errors in one line, for the page's message."""
+    return " ".join(error for errors in form.errors.values() for error in errors)
+
+
 def act_on_repair(request, slug, public_id, service, wanted, verb):
     """approve, reject, cancel: one service each, with the optional comment; approving
     records what the card showed, rejecting or cancelling the snooze."""
     repair = get_repair_for_user(request, slug, public_id)
     form = CommentForm(request.POST)
     if not form.is_valid():
-        messages.error(request, " ".join(e for errors in form.errors.values() for e in errors))
+        messages.error(request, form_errors(form))
         return repair_response(request, slug, public_id)
     if wanted == Status.APPROVED:
         extra = {"seen": proposed_card(repair).approval_record(),
-                 "confirmed_unknown_jobs": form.cleaned_data["confirm_unknown_jobs"]}
+                 "confirmed_unknown_jobs": form.cleaned_data["confirm_unknown_jobs"],
+                 "drain_mode": form.cleaned_data["drain_mode"] or None}
     else:
         extra = {"snooze": form.snooze_for()}
     try:
@@ -228,8 +235,7 @@ def repair_abort(request, slug, public_id):
     repair = get_repair_for_user(request, slug, public_id)
     form = AbortRepairForm(request.POST)
     if not form.is_valid():
-        messages.error(request, " ".join(error for errors in form.errors.values()
-                                         for error in errors))
+        messages.error(request, form_errors(form))
         return repair_response(request, slug, public_id)
     try:
         repair, node_text = do_abort_repair(
@@ -241,6 +247,25 @@ def repair_abort(request, slug, public_id):
         messages.error(request, str(exc))
     else:
         messages.success(request, f"Repair #{repair.pk} aborted. {node_text}")
+    return repair_response(request, slug, public_id)
+
+
+@require_POST
+@require_role(Role.OPERATOR)
+def repair_go_on_now(request, slug, public_id):
+    """End a drain's wait for jobs, saying why: the jobs are stopped and the repair goes on."""
+    repair = get_repair_for_user(request, slug, public_id)
+    form = GoOnNowForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, form_errors(form))
+        return repair_response(request, slug, public_id)
+    try:
+        do_go_on_now(repair, actor=request.user, comment=form.cleaned_data["comment"],
+                     request=request)
+    except RepairRefused as exc:
+        messages.error(request, f"Not now: {exc}.")
+    else:
+        messages.success(request, f"Repair #{repair.pk} goes on now: its jobs are stopped.")
     return repair_response(request, slug, public_id)
 
 
@@ -308,6 +333,9 @@ def node_repairs_response(request, node):
 def settings_context(cluster, **forms):
     return {"cluster": cluster, "tab": "repair", "repair_settings": settings_for(cluster),
             "policy_rows": policy_rows(cluster), "actions": Action.choices,
+            "drain_modes": [(value, label) for value, label in DrainMode.choices
+                            if value != DrainMode.NO_DRAIN],
+            "at_deadline_choices": AtDeadline.choices,
             "provider_actions": PROVIDER_ACTIONS, **forms}
 
 
@@ -342,7 +370,8 @@ def repair_policy(request, slug):
     signature = form.cleaned_data["signature"]
     changed = do_set_repair_policy(cluster, signature, action=form.policy_action(),
                                    auto_approve=form.cleaned_data["auto_approve"],
-                                   actor=request.user, request=request)
+                                   drain=form.drain_fields(), actor=request.user,
+                                   request=request)
     messages.success(request, f"Policy for {signature} saved." if changed
                      else f"The policy for {signature} was already so.")
     return redirect("repairs:settings", cluster.slug)

@@ -4,7 +4,12 @@ Each is a small class behind one interface; scheduler_for(cluster) picks it.
 
     scheduler.drain(node_name, reason) -> output      scheduler.resume(node_name) -> output
     scheduler.node(node_name) -> SchedulerNode         scheduler.running_jobs(node_name) -> [Job]
-    scheduler.requeue(job_ids) -> output
+    scheduler.signal(node_name, jobs, signal, all_steps) -> output   (ask the jobs to end)
+    scheduler.stop(node_name, jobs) -> output                         (end them now)
+    scheduler.jobs_end_on_their_own   (False: waiting means asking them, as Kubernetes does)
+
+A repair's drain mode (repairs.drain_modes) picks which of signal and stop its drain step
+calls, and when.
 
 Every method is idempotent: a step that a killed worker left half done runs again, and
 asking for what is already so (draining a drained node) succeeds without doing it twice.
@@ -29,7 +34,7 @@ def scheduler_for(cluster):
     if cluster.scheduler == Cluster.Scheduler.KUBERNETES:
         # Imported when needed, not for a cycle: the Kubernetes client takes a second to
         # import, and most clusters never use it.
-        from .kubernetes import KubernetesScheduler, from_kubeconfig
+        from .kubernetes import from_kubeconfig
 
-        return KubernetesScheduler(from_kubeconfig(cluster.scheduler_config or None))
+        return from_kubeconfig(cluster.scheduler_config or None)
     return NoScheduler()

@@ -25,6 +25,9 @@ class Job:
     run_time_s: int | None = None
     account: str = ""  # Slurm: the account; Kubernetes: the namespace
     nodes: tuple = ()  # every node it runs on
+    time_left_s: int | None = None  # until its time limit; None: no limit, or unknown
+    batch: bool | None = None  # Slurm: a batch job (it has a batch shell to signal)
+    requeueable: bool | None = None  # Slurm: a batch job that allows requeueing
 
     @property
     def gpu_hours(self):
@@ -49,6 +52,7 @@ class NoScheduler:
     jobs known."""
 
     name = "none"
+    jobs_end_on_their_own = True
 
     def drain(self, node_name, reason):
         return "no scheduler configured: nothing to drain"
@@ -62,5 +66,8 @@ class NoScheduler:
     def running_jobs(self, node_name):
         return []
 
-    def requeue(self, job_ids):
-        return "no scheduler configured: nothing to requeue"
+    def signal(self, node_name, jobs, signal, all_steps=False):
+        return "no scheduler configured: no jobs to signal"
+
+    def stop(self, node_name, jobs):
+        return "no scheduler configured: no jobs to stop"

@@ -1,19 +1,23 @@
 """Kubernetes as a repair's scheduler, through the official `kubernetes` client.
 
 drain:   cordon (spec.unschedulable, and the reason in the clusterui.io/drain-reason
-         annotation), then evict the node's workload pods through the Eviction API, so
-         PodDisruptionBudgets are honoured. A budget that refuses (429) raises RetryLater with
-         the pod and the budget's words; the step tries again on its schedule.
+         annotation): no new pods; those running stay.
+signal:  evict the node's workload pods through the Eviction API, so PodDisruptionBudgets
+         and each pod's terminationGracePeriodSeconds are honoured (the kubelet sends
+         SIGTERM: Kubernetes has no other signal to give). A budget that refuses (429) is
+         reported, not raised: the drain step asks again at its next check, up to its
+         deadline.
+stop:    the same evictions, and a pod whose budget refuses is deleted with its own grace
+         period (a drain "now", or one past its deadline); the output names each.
 resume:  uncordon and remove the annotation.
 node:    kubectl's status ("Ready", "NotReady,SchedulingDisabled"); drained once the node
          is cordoned and no workload pod is left on it, terminating ones included.
 running_jobs: the workload pods (see below), as Jobs.
-requeue: nothing to do: evicted pods are recreated elsewhere by their controllers.
 
 Workload pods are the node's pods that have not finished, less DaemonSet pods (they belong
 on every node and come back with it) and static pods (the kubelet's own, which the API
 cannot evict). A pod without a controller is evicted too, but nothing recreates it: the
-drain's output says so.
+output says so.
 
 A Job's user is the pod's `clusterui.io/user` label when it has one (a team's job templates
 can set it), else the pod's service account as <namespace>/<service account>: Kubernetes
@@ -28,7 +32,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from .base import ExecutorError, Job, RetryLater, SchedulerNode
+from .base import ExecutorError, Job, SchedulerNode
 
 DRAIN_REASON_ANNOTATION = "clusterui.io/drain-reason"
 USER_LABEL = "clusterui.io/user"
@@ -61,6 +65,7 @@ def from_kubeconfig(path=None, context=None):
 
 class KubernetesScheduler:
     name = "kubernetes"
+    jobs_end_on_their_own = False  # a Deployment's pod never ends: it has to be evicted
 
     def __init__(self, core_api, request_timeout_s=REQUEST_TIMEOUT_S):
         self.core_api = core_api
@@ -68,18 +73,26 @@ class KubernetesScheduler:
 
     def drain(self, node_name, reason):
         node = self._call(f"reading node {node_name}", self.core_api.read_node, node_name)
-        lines = []
         if node.spec.unschedulable and _annotations(node).get(DRAIN_REASON_ANNOTATION) == reason:
-            lines.append(f"{node_name} already cordoned")
-        else:
-            patch = {
-                "spec": {"unschedulable": True},
-                "metadata": {"annotations": {DRAIN_REASON_ANNOTATION: reason}},
-            }
-            self._call(f"cordoning {node_name}", self.core_api.patch_node, node_name, patch)
-            lines.append(f"cordoned {node_name}")
+            return f"{node_name} already cordoned"
+        patch = {
+            "spec": {"unschedulable": True},
+            "metadata": {"annotations": {DRAIN_REASON_ANNOTATION: reason}},
+        }
+        self._call(f"cordoning {node_name}", self.core_api.patch_node, node_name, patch)
+        return f"cordoned {node_name}"
 
-        refusals = []
+    def signal(self, node_name, jobs, signal, all_steps=False):
+        """Evict the node's workload pods, as far as their disruption budgets allow now."""
+        return self._evict_workload(node_name, delete_refused=False)
+
+    def stop(self, node_name, jobs):
+        """Evict the node's workload pods; delete, with its grace period, each pod whose
+        disruption budget refuses."""
+        return self._evict_workload(node_name, delete_refused=True)
+
+    def _evict_workload(self, node_name, delete_refused):
+        lines, refusals = [], []
         for pod in self._pods_on(node_name):
             pod_id = _pod_id(pod)
             if _is_daemonset_pod(pod):
@@ -94,16 +107,14 @@ class KubernetesScheduler:
                 evicted, message = self._evict(pod)
                 if evicted:
                     lines.append(message)
+                elif delete_refused:
+                    lines.append(self._delete(pod, refused=message))
                 else:
                     refusals.append(message)
         if refusals:
-            raise RetryLater(
-                "cannot evict yet (the drain is retried on schedule): "
-                + "; ".join(refusals)
-                + "\n"
-                + "\n".join(lines)
-            )
-        return "\n".join(lines)
+            lines.insert(0, "cannot evict yet (asked again at the next check): "
+                            + "; ".join(refusals))
+        return "\n".join(lines) or f"no workload pod on {node_name}"
 
     def resume(self, node_name):
         node = self._call(f"reading node {node_name}", self.core_api.read_node, node_name)
@@ -134,9 +145,6 @@ class KubernetesScheduler:
     def running_jobs(self, node_name):
         now = datetime.now(timezone.utc)
         return [_job(pod, now) for pod in self._pods_on(node_name) if _is_workload(pod)]
-
-    def requeue(self, job_ids):
-        return "Kubernetes: nothing to requeue; evicted pods are recreated by their controllers"
 
     def _pods_on(self, node_name):
         pod_list = self._call(
@@ -173,6 +181,24 @@ class KubernetesScheduler:
         if _controller(pod) is None:
             return True, f"evicted {pod_id} (it has no controller: nothing recreates it)"
         return True, f"evicted {pod_id}"
+
+    def _delete(self, pod, refused):
+        """Delete a pod whose eviction was refused, with its own grace period."""
+        pod_id = _pod_id(pod)
+        grace_s = pod.spec.termination_grace_period_seconds
+        try:
+            self.core_api.delete_namespaced_pod(
+                pod.metadata.name, pod.metadata.namespace,
+                body=client.V1DeleteOptions(grace_period_seconds=grace_s),
+                _request_timeout=self.request_timeout_s)
+        except ApiException as error:
+            if error.status == 404:
+                return f"{pod_id} already gone"
+            raise ExecutorError(f"deleting pod {pod_id}: {_describe_api_error(error)}") from error
+        except urllib3.exceptions.HTTPError as error:
+            raise ExecutorError(f"deleting pod {pod_id}: {_unreachable(error)}") from error
+        grace = "its default grace period" if grace_s is None else f"its {grace_s} s grace period"
+        return f"deleted {pod_id} with {grace}: the eviction was refused ({refused})"
 
     def _call(self, what, method, *args, **kwargs):
         try:

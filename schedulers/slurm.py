@@ -5,7 +5,8 @@ scontrol and squeue with a time limit on every call.
     scheduler.drain("gpu-001", "clusterui repair #12")
     scheduler.node("gpu-001")          # SchedulerNode(state="MIXED+DRAIN", drained=True, ...)
     scheduler.running_jobs("gpu-001")  # [Job(id="41", user="alice", gpus=12, nodes=(...))]
-    scheduler.requeue(["41"])
+    scheduler.signal("gpu-001", jobs, "USR1")   # scancel --signal=USR1 --batch 41
+    scheduler.stop("gpu-001", jobs)             # requeue 41, or cancel it if it cannot be
     scheduler.resume("gpu-001")
 
 Drain and resume change node state, which Slurm allows root (or SlurmUser) only; the
@@ -30,9 +31,9 @@ _REASON_SUFFIX = re.compile(r"\s*\[[^\[\]]*@[^\[\]]*\]$")
 # squeue -O fields with "|" as their suffix and no width: printed whole, unpadded. The
 # job name comes last because it may itself hold "|".
 _SQUEUE_JOB_FORMAT = ("JobID:|,UserName:|,Account:|,TimeUsed:|,NumNodes:|,NodeList:|,"
-                      "tres-alloc:|,Name:|")
-# Job states from which `scontrol requeue` puts a job back to pending.
-_REQUEUEABLE = {"RUNNING", "SUSPENDED"}
+                      "tres-alloc:|,TimeLeft:|,BatchFlag:|,Requeue:|,Name:|")
+# Job states of a job still on its nodes: `scontrol requeue` puts these back to pending.
+_ON_ITS_NODES = {"RUNNING", "SUSPENDED"}
 
 
 def parse_node_line(line):
@@ -104,8 +105,10 @@ def parse_squeue_jobs(output, expand=lambda nodelist: (nodelist,)):
     for line in output.splitlines():
         if not line.strip():
             continue
-        job_id, user, account, run_time, node_count, nodelist, tres, name = line.split("|", 7)
+        (job_id, user, account, run_time, node_count, nodelist, tres, time_left, batch,
+         requeue, name) = line.split("|", 10)
         nodelist = nodelist.strip()
+        batch = _flag(batch)
         jobs.append(Job(
             id=job_id.strip(),
             user=user.strip(),
@@ -114,8 +117,16 @@ def parse_squeue_jobs(output, expand=lambda nodelist: (nodelist,)):
             run_time_s=parse_run_time(run_time),
             account=account.strip(),
             nodes=tuple(expand(nodelist)) if node_count.strip() != "1" else (nodelist,),
+            time_left_s=parse_run_time(time_left),  # "UNLIMITED": None
+            batch=batch,
+            requeueable=None if batch is None else batch and _flag(requeue) is True,
         ))
     return jobs
+
+
+def _flag(text):
+    """squeue's 1 / 0 as True / False; None for anything else."""
+    return {"1": True, "0": False}.get(text.strip())
 
 
 def run_slurm_command(argv, *, slurm_conf=None, timeout_s=DEFAULT_TIMEOUT_S, env=None):
@@ -143,6 +154,7 @@ class SlurmScheduler:
     """A cluster run by Slurm, driven through its command-line tools on this machine."""
 
     name = "slurm"
+    jobs_end_on_their_own = True  # batch jobs end; a drained node only has to wait
 
     def __init__(self, slurm_conf=None, timeout_s=DEFAULT_TIMEOUT_S):
         self.slurm_conf = slurm_conf
@@ -201,6 +213,47 @@ class SlurmScheduler:
                 states[job_id.strip()] = state.strip()
         return states
 
+    def signal(self, node_name, jobs, signal, all_steps=False):
+        """Send the running ones among the jobs `signal` ("USR1"): a batch job's batch shell
+        (scancel --batch), where a checkpointing script traps it, or with all_steps its
+        shell and every step (--full); a job without a batch shell, every step."""
+        running = self._still_running(jobs)
+        if not running:
+            return "no job left to signal"
+        lines = []
+        shells = [job.id for job in running if job.batch]
+        steps = [job.id for job in running if not job.batch]
+        if shells:
+            flag = "--full" if all_steps else "--batch"
+            self._run("scancel", f"--signal={signal}", flag, *shells)
+            whom = "the batch shell and every step" if all_steps else "the batch shell"
+            lines.append(f"sent SIG{signal} to {whom} of {', '.join(shells)}")
+        if steps:
+            self._run("scancel", f"--signal={signal}", *steps)
+            lines.append(f"sent SIG{signal} to every step of {', '.join(steps)} (no batch shell)")
+        return "\n".join(lines)
+
+    def stop(self, node_name, jobs):
+        """End the running ones among the jobs now: requeue those Slurm can requeue (batch
+        jobs that allow it), cancel the rest. A multi-node job is requeued or cancelled
+        whole: Slurm knows no part of a job."""
+        running = self._still_running(jobs)
+        lines = []
+        requeueable = [job.id for job in running if job.requeueable]
+        if requeueable:
+            lines.append(self.requeue(requeueable))
+        others = [job for job in running if not job.requeueable]
+        if others:
+            self._run("scancel", *(job.id for job in others))
+            lines.append("cancelled " + ", ".join(
+                f"{job.id} ({'submitted with --no-requeue' if job.batch else 'not a batch job'}"
+                f": Slurm cannot requeue it)" for job in others))
+        return "\n".join(lines) or "no job left to stop"
+
+    def _still_running(self, jobs):
+        states = self._job_states([job.id for job in jobs]) if jobs else {}
+        return [job for job in jobs if states.get(job.id) in _ON_ITS_NODES]
+
     def requeue(self, job_ids):
         """Put the running jobs among job_ids back to pending, and let them start again at
         once rather than after Slurm's requeue delay (about 121 s).
@@ -215,7 +268,7 @@ class SlurmScheduler:
         if not job_ids:
             return "no jobs to requeue"
         states = self._job_states(job_ids)
-        running = [job_id for job_id in job_ids if states.get(job_id) in _REQUEUEABLE]
+        running = [job_id for job_id in job_ids if states.get(job_id) in _ON_ITS_NODES]
         if running:
             self._run("scontrol", "requeue", ",".join(running))
         # A requeued job is COMPLETING until its processes are gone; Slurm sets its start

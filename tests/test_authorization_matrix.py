@@ -195,7 +195,7 @@ TABLE = {
     "repairs:settings": Row(
         get=needs(VIEW, 200), post=needs(ADMINISTER, 302),
         data={"provider": "simulated", "blast_radius_pct": 20,
-              "drain_grace_s": 600, "boot_timeout_s": 1800, "window_mode": "record_only",
+              "boot_timeout_s": 1800, "window_mode": "record_only",
               "window_action": "remove", "xid_window_count": 5, "xid_window_hours": 24,
               "repair_window_count": 5, "repair_window_days": 7}),
     "repairs:policy": Row(get=not_allowed(), post=needs(ADMINISTER, 302),
@@ -215,6 +215,8 @@ TABLE = {
     "repairs:cancel": Row(get=not_allowed(), post=needs(OPERATE, 302), public_id="repair"),
     "repairs:abort": Row(get=not_allowed(), post=needs(OPERATE, 302), public_id="repair",
                          data={"comment": "wrong node", "node_after": "resume"}),
+    "repairs:go_on_now": Row(get=not_allowed(), post=needs(OPERATE, 302), public_id="repair",
+                             data={"comment": "the job hangs"}),
 }
 
 # Browser and agent WebSocket routes, and the test of each one's guard.

@@ -17,6 +17,7 @@ from healthchecks.services import do_close_health_event, do_record_health_event
 from nodes.models import NodeRollup
 from nodes.tests.factories import GpuFactory, NodeFactory
 from repairs.choices import Status
+from repairs.models import RepairStep
 from repairs.services import refresh_recommendation
 from repairs.tests.factories import RepairFactory
 
@@ -88,12 +89,14 @@ def five_faults(cluster):
 
 EXPECTED = {
     "xid79": ("reboot", ["Why: NVIDIA: restart the machine (RESTART_BM)",
-                         "No scheduler configured", "Blast radius: 1 of 5 nodes"]),
+                         "No scheduler configured", "Blast radius: 1 of 5 nodes",
+                         "Drain: now: requeue the jobs that Slurm can requeue"]),
     "xid48": ("reset_gpu", ["Why: NVIDIA: reset the GPU when the error comes alone; drain and "
                          "reset it with Xid 63 or 64"]),
     "job_leftovers": ("cleanup", ["The clean-up ends the processes that still hold GPU memory",
                                   "gpu-013 stays in service"]),
-    "throttle": ("failover", ["held 16 min, up to 88 °C", "Why: The GPU keeps slowing itself"]),
+    "throttle": ("failover", ["held 16 min, up to 88 °C", "Why: The GPU keeps slowing itself",
+                              "Drain: after the jobs end: wait up to 24 h 00 min"]),
     "escalation": ("reprovision", ["Why: xid:79 came back 3 days after repair #",
                                    "the next rung is reprovision", "After #"]),
 }
@@ -118,5 +121,45 @@ def test_each_kind_of_card_answers_what_is_wrong_what_it_costs_and_why(page, con
             expect(card).to_contain_text(text)
         expect(card).not_to_contain_text("the default for")
         element_screenshot(card, f"repair-card-{name}")
+    assert not console.errors, str(console)
+    assert_no_csp_violations(console)
+
+
+def a_drain_waiting_for_jobs(cluster):
+    """A running reboot whose drain (signal, then wait) waits for a 3-node job."""
+    node = node_with_gpus(cluster, "gpu-021")
+    repair = RepairFactory(node=node, cluster=cluster, signature="ecc_dbe", status=Status.RUNNING,
+                           reason="An uncorrectable ECC error: the GPU's memory cannot be "
+                                  "trusted until it is reset.",
+                           started_at=timezone.now() - timedelta(minutes=3),
+                           drain_mode="signal", drain_deadline_s=600, drain_signal="USR1")
+    started = timezone.now() - timedelta(minutes=3)
+    RepairStep.objects.create(
+        repair=repair, position=0, kind="drain", status="waiting", started_at=started,
+        next_check_at=timezone.now() + timedelta(seconds=15), attempts=13,
+        message="drained; sent SIGUSR1; waiting for 1 job(s) to end (46131)",
+        details={"jobs": [{"id": "46131", "user": "maria", "name": "llama-70b pretrain",
+                           "nodes": ["gpu-019", "gpu-020", "gpu-021"], "time_left_s": 20140}],
+                 "deadline": (started + timedelta(seconds=600)).isoformat(),
+                 "signalled_at": started.isoformat()})
+    for position, kind in enumerate(["act", "wait_for_node", "verify", "resume"], start=1):
+        RepairStep.objects.create(repair=repair, position=position, kind=kind)
+    return repair
+
+
+def test_a_drain_waiting_for_jobs_shows_them_its_deadline_and_go_on_now(page, console):
+    cluster = ClusterFactory(name="cards-h200", slug="cards-h200", gpu_type="NVIDIA H200")
+    UserFactory(username="alice", role=Role.OPERATOR)
+    repair = in_a_thread(a_drain_waiting_for_jobs, cluster)
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(f"/c/{cluster.slug}/repair/{repair.public_id}/")
+    sign_in(page, "alice", "password")
+    card = page.locator(f"#repair-{repair.public_id}")
+    for text in ["Drain: signal, then wait: SIGUSR1 to each job's batch shell",
+                 "waiting for jobs", "46131", "maria", "gpu-019, gpu-020, gpu-021",
+                 "5 h 35 min", "Deadline"]:
+        expect(card).to_contain_text(text)
+    expect(card.get_by_role("button", name="Go on now")).to_be_visible()
+    element_screenshot(card, "repair-card-waiting-for-jobs")
     assert not console.errors, str(console)
     assert_no_csp_violations(console)

@@ -33,7 +33,7 @@ from nodes.choices import NodeState
 from nodes.models import AgentCommand, Node
 from nodes.services import do_issue_join_token
 from repairs.choices import Status, StepStatus
-from repairs.models import Repair, RepairSettings, RepairStep
+from repairs.models import Repair, RepairPolicy, RepairSettings, RepairStep
 from repairs.services import RUN_STEP_TASK, do_approve_repair, do_propose_repair
 
 from .integration import wait_until
@@ -121,7 +121,10 @@ def deploy(stack, slurm, scontrol, node_name="gpu-001", **worker_env):
     cluster = ClusterFactory(name="int-reliable", slug="int-reliable")
     Cluster.objects.filter(pk=cluster.pk).update(scheduler="slurm",
                                                  scheduler_config=str(slurm.slurm_conf))
-    RepairSettings.objects.create(cluster=cluster, drain_grace_s=5, provider="simulated")
+    RepairSettings.objects.create(cluster=cluster, provider="simulated")
+    # A repair proposed by hand waits 5 s for the jobs, then requeues them.
+    RepairPolicy.objects.create(cluster=cluster, signature="manual", drain_mode="after_jobs",
+                                drain_deadline_s=5, drain_at_deadline="go_on")
     _, join_token = do_issue_join_token(cluster)
     server = stack.daphne()
     stack.celery("beat", "-s", stack.directory / "beat-schedule", "--max-interval", "1")

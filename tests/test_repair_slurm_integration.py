@@ -20,7 +20,7 @@ from nodes.models import AgentCommand, Node
 from nodes.services import do_issue_join_token
 from repairs.choices import Status, StepStatus
 from schedulers.slurm import parse_node_line
-from repairs.models import Repair, RepairSettings
+from repairs.models import Repair, RepairPolicy, RepairSettings
 from repairs.services import do_approve_repair, do_propose_repair
 
 from .integration import wait_until
@@ -63,7 +63,10 @@ def test_a_reboot_drains_requeues_the_running_job_reboots_and_resumes_in_slurm(s
     cluster = ClusterFactory(name="int-slurm-repair", slug="int-slurm-repair")
     Cluster.objects.filter(pk=cluster.pk).update(scheduler="slurm",
                                                  scheduler_config=str(slurm.slurm_conf))
-    RepairSettings.objects.create(cluster=cluster, drain_grace_s=GRACE_S, provider="simulated")
+    RepairSettings.objects.create(cluster=cluster, provider="simulated")
+    # A repair proposed by hand waits GRACE_S for the jobs, then requeues them.
+    RepairPolicy.objects.create(cluster=cluster, signature="manual", drain_mode="after_jobs",
+                                drain_deadline_s=GRACE_S, drain_at_deadline="go_on")
     _, join_token = do_issue_join_token(cluster)
     server = stack.daphne()
     worker = stack.celery("worker", "--concurrency=1", "-P", "solo", "--without-heartbeat",
@@ -98,7 +101,7 @@ def test_a_reboot_drains_requeues_the_running_job_reboots_and_resumes_in_slurm(s
     # The step records its wait just after the drain; the job is left alone for the grace.
     waiting = repair.steps.filter(kind="drain", status=StepStatus.WAITING)
     drain = wait_until(waiting.first, timeout=10, what="the drain step waits")
-    assert "drained; waiting for 1 running job(s) to end" in drain.message
+    assert "drained; waiting for 1 job(s) to end" in drain.message
     assert (slurm.job_state(job), slurm.job_node(job)) == ("RUNNING", "gpu-001")
 
     # After the grace period the job is requeued and leaves gpu-001: it starts again on

@@ -16,7 +16,7 @@ from healthchecks.services import do_record_health_event
 from nodes.models import Node
 from nodes.services import do_pause_node
 from nodes.tests.factories import GpuFactory, NodeFactory
-from repairs.models import Repair
+from repairs.models import Repair, RepairStep
 from repairs.tests.factories import RepairFactory
 
 from .conftest import ApiClient
@@ -45,6 +45,15 @@ def running(world):
     Cluster.objects.filter(slug=world["slug"]).update(scheduler="none")
 
 
+def waiting_for_jobs(world):
+    running(world)
+    RepairStep.objects.create(
+        repair=Repair.objects.get(public_id=world["public_id"]), position=0, kind="drain",
+        status="waiting", started_at=timezone.now(), next_check_at=timezone.now(),
+        details={"jobs": [{"id": "41", "user": "alice", "name": "train", "nodes": ["gpu-1"],
+                           "time_left_s": 3600}], "deadline": timezone.now().isoformat()})
+
+
 def paused(world):
     do_pause_node(Node.objects.get(name=world["name"]), actor=None, reason="reseat")
 
@@ -70,6 +79,8 @@ ENDPOINTS = {
     "api:cancel_repair": Endpoint("POST", OPERATE, audit="repair.cancel", setup=approved),
     "api:abort_repair": Endpoint("POST", OPERATE, body={"comment": "wrong node"},
                                  audit="repair.abort", setup=running),
+    "api:go_on_now": Endpoint("POST", OPERATE, body={"comment": "the job hangs"},
+                              audit="repair.go_on_now", setup=waiting_for_jobs),
     "api:propose_repair": Endpoint("POST", OPERATE, ok=201,
                                    body={"action": "reboot", "reason": "flaky"},
                                    audit="repair.propose"),

@@ -160,6 +160,12 @@ def parser():
         act = repairs.add_parser(verb)
         act.add_argument("repair", help="its number (12) or id")
         act.add_argument("--comment", default="")
+        if verb == "approve":
+            act.add_argument("--drain", choices=["now", "after_jobs", "signal"],
+                             help="how the jobs are treated (default: as proposed)")
+    go_on = repairs.add_parser("go-on-now", help="stop the jobs a drain waits for")
+    go_on.add_argument("repair")
+    go_on.add_argument("--comment", required=True)
     abort = repairs.add_parser("abort")
     abort.add_argument("repair")
     abort.add_argument("--comment", required=True)
@@ -224,6 +230,12 @@ def run(api, args):
             return [api.post(f"{at}/repairs/{args.repair}/abort/",
                              {"comment": args.comment, "resume_node": args.resume_node})], \
                 "repairs"
+        if args.verb == "go-on-now":
+            return [api.post(f"{at}/repairs/{args.repair}/go-on-now/",
+                             {"comment": args.comment})], "repairs"
+        if args.verb == "approve":
+            return [api.post(f"{at}/repairs/{args.repair}/approve/",
+                             {"comment": args.comment, "drain_mode": args.drain})], "repairs"
         if args.verb == "propose":
             return [api.post(f"{at}/nodes/{args.node}/repairs/",
                              {"action": args.action, "reason": args.reason})], "repairs"

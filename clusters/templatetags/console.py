@@ -3,6 +3,8 @@ from datetime import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
+from common.durations import duration_text
+
 register = template.Library()
 
 
@@ -25,6 +27,12 @@ def timestamp(value, style="minute"):
         utc.strftime("%Y-%m-%d %H:%M:%S UTC"),
         utc.strftime(TIME_STYLES[style]),
     )
+
+
+@register.filter
+def duration(seconds):
+    """Seconds in words (45 s, 16 min, 3 h 05 min); "" for None."""
+    return "" if seconds is None else duration_text(seconds)
 
 
 @register.filter

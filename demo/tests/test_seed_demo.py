@@ -16,6 +16,7 @@ from healthchecks.models import HealthEvent
 from nodes.choices import NodeState
 from nodes.models import ClusterRollup, Gpu, Node, NodeTransition
 from nodes.states import boot_window, compute_state, facts_for, refresh_due_node_states
+from notifications.choices import AlertKind
 
 H200_MEMORY = 150754820096
 EXPECTED_COUNTS = {
@@ -264,7 +265,7 @@ def test_the_demo_channel_posts_to_the_receiver_with_a_key_in_a_file(embedded, t
     key = key_file.read_text().strip()
     assert key == value_of(channel.signing_secret) and key_file.stat().st_mode & 0o777 == 0o600
     assert value_of(channel.url_secret) == "http://127.0.0.1:8025/clusterui"
-    assert channel.rules.count() == 7
+    assert channel.rules.count() == len(AlertKind.values)
 
     assert demo.prepare_receiver("http://127.0.0.1:8025/clusterui", key_file) == channel
     assert key_file.read_text().strip() == key  # kept

@@ -6,10 +6,11 @@ from django.urls import reverse
 
 from clusters.models import AuditEntry, Cluster
 from repairs.models import RepairPolicy, RepairSettings
+from repairs.services import DEFAULT_DRAIN_FIELDS
 
 pytestmark = pytest.mark.django_db
 
-VALID = {"provider": "command", "blast_radius_pct": "20", "drain_grace_s": "300",
+VALID = {"provider": "command", "blast_radius_pct": "20",
          "boot_timeout_s": "1200",
          "reprovision_command": "maas admin machine deploy {hostname}",
          "failover_command": "", "remove_command": "ipmitool -H {hostname}-bmc chassis power off",
@@ -32,8 +33,7 @@ def test_an_admin_saves_the_settings_and_it_is_audited(client_for, admin, cluste
 
     assert response.redirect_chain == [(url, 302)]
     stored = RepairSettings.objects.get(cluster=cluster)
-    assert (stored.blast_radius_pct, stored.drain_grace_s, stored.boot_timeout_s) == (
-        20, 300, 1200)
+    assert (stored.blast_radius_pct, stored.boot_timeout_s) == (20, 1200)
     assert stored.provider_commands == {
         "reprovision": "maas admin machine deploy {hostname}",
         "remove": "ipmitool -H {hostname}-bmc chassis power off"}
@@ -120,7 +120,8 @@ def test_an_admin_overrides_a_signature_and_goes_back_to_the_default(client_for,
     assert (row.action, row.auto_approve, row.updated_by) == ("reprovision", True, admin)
     entry = AuditEntry.objects.get(action="repairpolicy.update")
     assert entry.changes == {"signature": "xid:79", "before": None,
-                             "after": {"action": "reprovision", "auto_approve": True}}
+                             "after": {"action": "reprovision", "auto_approve": True,
+                                       **DEFAULT_DRAIN_FIELDS}}
     shown = rows_by_signature(client.get(url))["xid:79"]
     assert shown.override == row and shown.default.actions[0] == "reboot"
 
@@ -132,7 +133,7 @@ def test_an_admin_overrides_a_signature_and_goes_back_to_the_default(client_for,
                            follow=True)
     assert not RepairPolicy.objects.filter(signature="xid:79").exists()
     assert AuditEntry.objects.get(action="repairpolicy.delete").changes["before"] == {
-        "action": "reprovision", "auto_approve": True}
+        "action": "reprovision", "auto_approve": True, **DEFAULT_DRAIN_FIELDS}
     assert "Policy for xid:79 saved." in response.text
 
 

@@ -55,7 +55,9 @@ def test_a_reason_without_slurms_suffix_stays_as_it_is():
 
 
 def test_it_reads_running_jobs_from_real_squeue_output():
-    # A 3-node job (4 GPUs on each) and a 1-node job, both on gpu-003.
+    # A 3-node job (4 GPUs on each, a 2 h time limit) and a 1-node job submitted with
+    # --no-requeue and no time limit, both on gpu-003 (tests/slurm.py's cluster, accounting
+    # on, as gres/gpu shows in tres-alloc only then).
     output = (FIXTURES / "squeue_running_jobs.txt").read_text()
     expanded = []
 
@@ -66,9 +68,10 @@ def test_it_reads_running_jobs_from_real_squeue_output():
     assert parse_squeue_jobs(output, expand) == [
         # The name holds "|" itself, and is read whole.
         Job(id="1", user="alice", name="llama-70b pretrain|v2", gpus=12, run_time_s=2,
-            account="research", nodes=("gpu-001", "gpu-002", "gpu-003")),
+            account="research", nodes=("gpu-001", "gpu-002", "gpu-003"), time_left_s=7198,
+            batch=True, requeueable=True),
         Job(id="2", user="bob", name="eval", gpus=2, run_time_s=2, account="infra",
-            nodes=("gpu-003",)),
+            nodes=("gpu-003",), time_left_s=None, batch=True, requeueable=False),
     ]
     assert expanded == ["gpu-[001-003]"]  # only the multi-node job's list is expanded
     assert parse_squeue_jobs("") == []
