@@ -16,6 +16,7 @@ from agent.detectors import close_watchers, make_watchers
 from agent.hygiene import make_hygiene
 from agent.node_metrics import NodeMetrics
 from agent.work.commands import CommandSet, RebootCommand
+from agent.work.bundles import BundleCommand
 from agent.work.gpu_reset import GpuResetCommand
 
 
@@ -78,7 +79,7 @@ def _start_work(config, node):
 
 def make_command_handler(config, hygiene, nvml):
     """The server's commands on this machine: a reboot runs the configured reboot command; a
-    GPU reset, nvidia-smi's (agent/work/gpu_reset.py); node hygiene's cleanup and
-    reconfigure."""
+    GPU reset, nvidia-smi's (agent/work/gpu_reset.py); a diagnostic bundle
+    (agent/work/bundles.py); node hygiene's cleanup and reconfigure."""
     return CommandSet([RebootCommand(config.reboot_command), GpuResetCommand(nvml),
-                       hygiene.commands])
+                       BundleCommand(config.node_name), hygiene.commands])

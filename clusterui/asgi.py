@@ -7,13 +7,14 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
+from gateway.bundle_upload import UploadSizeGuard  # noqa: E402
 from gateway.routing import websocket_urlpatterns  # noqa: E402
 
 from common import gc_tuning  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": UploadSizeGuard(django_asgi_app),
         "websocket": URLRouter(websocket_urlpatterns),
     }
 )

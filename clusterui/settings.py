@@ -315,8 +315,35 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 # htmx comes from django-htmx's own static files; plotly.js from the plotly package.
 PLOTLY_JS = Path(__import__("plotly").__file__).parent / "package_data" / "plotly.min.js"
+# Diagnostic bundles (nodes/bundles.py): files under the data directory, or, with
+# CLUSTERUI_BUNDLE_S3_BUCKET, an S3-compatible bucket (django-storages; the endpoint, region
+# and keys from CLUSTERUI_BUNDLE_S3_ENDPOINT_URL, _REGION, AWS_ACCESS_KEY_ID and
+# AWS_SECRET_ACCESS_KEY, or the machine's own role).
+CLUSTERUI_BUNDLE_S3_BUCKET = envstr("CLUSTERUI_BUNDLE_S3_BUCKET")
+if CLUSTERUI_BUNDLE_S3_BUCKET:
+    BUNDLE_STORAGE = {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {"bucket_name": CLUSTERUI_BUNDLE_S3_BUCKET,
+                    "endpoint_url": envstr("CLUSTERUI_BUNDLE_S3_ENDPOINT_URL"),
+                    "region_name": envstr("CLUSTERUI_BUNDLE_S3_REGION"),
+                    "location": "bundles", "file_overwrite": False, "default_acl": None,
+                    "querystring_auth": False},
+    }
+else:
+    BUNDLE_STORAGE = {"BACKEND": "django.core.files.storage.FileSystemStorage",
+                      "OPTIONS": {"location": str(DATA_DIR / "bundles")}}
+# The most a bundle may weigh (PROTOCOL.md collect_bundle max_bytes), how long the agent has
+# (deadline_s, which is also the longest a bundle holds a repair up), how much its files may
+# hold once unpacked (a gzip bomb is refused), and how long bundles are kept.
+CLUSTERUI_BUNDLE_MAX_BYTES = envint("CLUSTERUI_BUNDLE_MAX_BYTES", 64 * 1024 * 1024)
+CLUSTERUI_BUNDLE_DEADLINE_S = envint("CLUSTERUI_BUNDLE_DEADLINE_S", 120)
+CLUSTERUI_BUNDLE_MAX_UNPACKED_BYTES = envint("CLUSTERUI_BUNDLE_MAX_UNPACKED_BYTES",
+                                             1024 * 1024 * 1024)
+CLUSTERUI_BUNDLE_RETENTION_DAYS = envint("CLUSTERUI_BUNDLE_RETENTION_DAYS", 90)
+
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "bundles": BUNDLE_STORAGE,
     "staticfiles": {
         "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
         if not EMBEDDED
@@ -428,6 +455,7 @@ CELERY_BEAT_SCHEDULE = {
     "prune-rollups": every(3600.0, "nodes.tasks.prune_rollups"),
     "prune-changes": every(3600.0, "clusterui.tasks.prune_changes"),
     "prune-event-receipts": every(3600.0, "nodes.tasks.prune_event_receipts"),
+    "prune-bundles": every(3600.0, "nodes.tasks.prune_bundles"),
     "sweep-health-events": every(60.0, "healthchecks.tasks.sweep_health_events"),
     "expire-check-runs": every(30.0, "healthchecks.tasks.expire_check_runs"),
     "expire-agent-commands": every(30.0, "nodes.tasks.expire_commands"),

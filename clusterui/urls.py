@@ -5,6 +5,7 @@ from api import views as api_views
 from api.urls import urlpatterns as api_patterns
 from clusters import accounts, oidc
 from clusters import views as cluster_views
+from gateway.bundle_upload import bundle_upload
 from gateway.views import metrics, metrics_targets
 from overview import views as overview_views
 
@@ -45,6 +46,7 @@ urlpatterns = [
          name="oidc_authentication_init"),
     path("oidc/callback/", login_not_required(oidc.CallbackView.as_view()),
          name="oidc_authentication_callback"),
+    path("agent/bundles/<str:bundle_id>/", bundle_upload, name="agent_bundle_upload"),
     path("metrics", metrics, name="metrics"),
     path("metrics/targets", metrics_targets, name="metrics_targets"),
     path("api/v1/", include((api_patterns, "api"))),

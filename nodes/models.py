@@ -330,6 +330,8 @@ class AgentCommand(AgentWork):
         CLEANUP = "cleanup", "clean up processes"  # orphans of ended jobs, zombies' parents
         RECONFIGURE = "reconfigure", "reconfigure Slurm's GPUs"  # the reconfigure repair
         RESET_GPU = "reset_gpu", "reset one GPU"  # params {"gpu_uuid"}: the reset_gpu repair
+        # params {"bundle_id", "upload_url", "max_bytes", "deadline_s"}: nodes.bundles
+        COLLECT_BUNDLE = "collect_bundle", "collect a diagnostic bundle"
 
     class Status(models.TextChoices):
         QUEUED = "queued", "queued"  # not yet handed to a connection of the node's agent
@@ -344,7 +346,8 @@ class AgentCommand(AgentWork):
     # How long an action may take, from the request to its end. A reboot includes the
     # node's boot: GPU servers take 5-10 minutes through their firmware.
     DEFAULT_DEADLINE_S = {Action.REBOOT: 15 * 60, Action.CLEANUP: 2 * 60,
-                          Action.RECONFIGURE: 5 * 60, Action.RESET_GPU: 5 * 60}
+                          Action.RECONFIGURE: 5 * 60, Action.RESET_GPU: 5 * 60,
+                          Action.COLLECT_BUNDLE: 3 * 60}
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="agent_commands")
     action = models.CharField(max_length=16, choices=Action.choices)
@@ -364,6 +367,52 @@ class AgentCommand(AgentWork):
 
     def __str__(self):
         return f"{self.action} on {self.node.name} ({self.status})"
+
+
+class DiagnosticBundle(models.Model):
+    """The evidence a node's agent collected before a repair touched the node, or when an
+    operator asked (PROTOCOL.md "Diagnostic bundles"): one gzip-compressed tar file in the
+    bundle storage (settings STORAGES["bundles"]), asked for by a collect_bundle command and
+    uploaded to /agent/bundles/<public_id>/. nodes.bundles holds what is done with it (the
+    storage is looked up at each use, never kept: a setting changes it)."""
+
+    class Status(models.TextChoices):
+        REQUESTED = "requested", "requested"
+        STORED = "stored", "stored"
+        FAILED = "failed", "not sent"  # the agent could not, or did not in time
+        EXPIRED = "expired", "deleted after its retention"
+
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="bundles")
+    command = models.ForeignKey(AgentCommand, null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="+")
+    reason = models.CharField(max_length=200, help_text="before repair #12, asked by alice")
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                     on_delete=models.SET_NULL, related_name="+")
+    requested_at = models.DateTimeField()
+    max_bytes = models.PositiveBigIntegerField()
+    deadline_s = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.REQUESTED)
+    message = models.CharField(max_length=500, blank=True, help_text="why it was not sent")
+    stored_as = models.CharField(max_length=300, blank=True,
+                                 help_text="its name in the bundle storage")
+    size_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    sha256 = models.CharField(max_length=64, blank=True)
+    stored_at = models.DateTimeField(null=True, blank=True)
+    listing = models.JSONField(default=list, blank=True,
+                               help_text="[{name, size}] of the files inside, as listed")
+    unpacked_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+        indexes = [models.Index(fields=["status", "stored_at"])]
+
+    def __str__(self):
+        return f"bundle {self.public_id} of {self.node.name} ({self.status})"
+
+    @property
+    def filename(self):
+        return f"{self.node.name}-{self.requested_at:%Y%m%dT%H%M%S}-{str(self.public_id)[:8]}.tar.gz"
 
 
 class PublisherStatus(models.Model):

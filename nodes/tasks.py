@@ -1,6 +1,6 @@
 from celery import shared_task
 
-from . import agent_work, rollups, services, states
+from . import agent_work, bundles, rollups, services, states
 
 
 @shared_task
@@ -26,3 +26,9 @@ def expire_commands():
     """Beat, every 30 s: agent commands past their deadline time out (a reboot whose node
     came back with a new boot id is done)."""
     return agent_work.expire_work(services.COMMANDS)
+
+
+@shared_task
+def prune_bundles():
+    """Beat, hourly: diagnostic bundles past their retention are deleted from the storage."""
+    return bundles.prune_bundles()

@@ -25,4 +25,6 @@ urlpatterns = [
     path("<str:name>/rejoin/open/", views.node_rejoin_open, name="rejoin_open"),
     path("<str:name>/rejoin/close/", views.node_rejoin_close, name="rejoin_close"),
     path("<str:name>/remove/", views.node_remove, name="remove"),
+    path("<str:name>/bundles/", views.bundle_request, name="bundle_request"),
+    path("<str:name>/bundles/<uuid:public_id>/", views.bundle_download, name="bundle_download"),
 ]

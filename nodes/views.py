@@ -1,8 +1,9 @@
 import time
 from datetime import timedelta
 
+from django.conf import settings
 from django.contrib import messages
-from django.http import JsonResponse
+from django.http import FileResponse, Http404, JsonResponse
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -23,8 +24,9 @@ from .forms import (
     RejoinForm,
     RemoveNodeForm,
 )
+from .bundles import do_download_bundle, do_request_bundle, settle
 from .live_store import get_live_store, stale_after_s
-from .models import AgentCommand, MaintenanceWindow
+from .models import AgentCommand, DiagnosticBundle, MaintenanceWindow
 from .responses import bulk_response, bulk_summary, node_status_or_redirect
 from .queries import (
     CHART_METRICS,
@@ -80,6 +82,8 @@ def node_detail(request, slug, name):
         "grafana_url": grafana_url(node),
         **hygiene_context(node),
         "ssh_command": ssh_command(node, request.user),
+        "bundles": node_bundles(node),
+        "bundle_retention_days": settings.CLUSTERUI_BUNDLE_RETENTION_DAYS,
         "chart_range": request.GET.get("range") if request.GET.get("range") in CHART_RANGES
         else "hour",
     }
@@ -328,3 +332,39 @@ def maintenance_change(request, slug, window_id):
         messages.success(request, f"Window #{window.pk}: changed {', '.join(changed)}."
                          if changed else f"Window #{window.pk}: nothing changed.")
     return redirect("nodes:maintenance", cluster.slug)
+
+
+# Diagnostic bundles (nodes/bundles.py).
+
+BUNDLES_SHOWN = 10
+
+
+def node_bundles(node):
+    """The node's latest bundles, each settled (one whose agent gave up says so)."""
+    return [settle(bundle) for bundle in node.bundles.select_related("requested_by")
+            [:BUNDLES_SHOWN]]
+
+
+@require_POST
+@require_role(Role.OPERATOR)
+def bundle_request(request, slug, name):
+    """Ask the node's agent for a diagnostic bundle, with no repair."""
+    node = get_node_for_user(request, slug, name)
+    bundle = do_request_bundle(node, reason=f"asked by {request.user.get_username()}",
+                               actor=request.user, request=request)
+    messages.success(request, f"A diagnostic bundle was asked of {node.name}'s agent; it has "
+                              f"{bundle.deadline_s} s to send it.")
+    return redirect(f"{node.get_absolute_url()}#node-bundles")
+
+
+@require_GET
+@require_role(Role.OPERATOR)
+def bundle_download(request, slug, name, public_id):
+    """The stored bundle's file (operators; viewers see that it exists). Audited."""
+    node = get_node_for_user(request, slug, name)
+    bundle = get_object_or_404(DiagnosticBundle, node=node, public_id=public_id)
+    if bundle.status != DiagnosticBundle.Status.STORED:
+        raise Http404(f"bundle {public_id} is {bundle.get_status_display()}")
+    return FileResponse(do_download_bundle(bundle, actor=request.user, request=request),
+                        as_attachment=True, filename=bundle.filename,
+                        content_type="application/gzip")

@@ -117,6 +117,7 @@ STATUS_COLOURS = {
 
 class StepKind(models.TextChoices):
     DRAIN = "drain", "drain"
+    COLLECT_BUNDLE = "collect_bundle", "collect the diagnostic bundle"
     ACT = "act", "act"
     WAIT_FOR_NODE = "wait_for_node", "wait for the node"
     VERIFY = "verify", "verify"
@@ -130,15 +131,17 @@ STEPS = {
     # slurmd restarts in place: nothing to drain, no boot to wait for; verify sees Slurm's
     # view match the hardware again.
     Action.RECONFIGURE: [StepKind.ACT, StepKind.VERIFY],
-    # The agent answers ok once the GPU answers NVML again: no boot to wait for.
-    Action.RESET_GPU: [StepKind.DRAIN, StepKind.ACT, StepKind.VERIFY, StepKind.RESUME],
-    Action.REBOOT: [StepKind.DRAIN, StepKind.ACT, StepKind.WAIT_FOR_NODE, StepKind.VERIFY,
-                    StepKind.RESUME],
-    Action.REPROVISION: [StepKind.DRAIN, StepKind.ACT, StepKind.WAIT_FOR_NODE, StepKind.VERIFY,
-                         StepKind.RESUME],
-    Action.FAILOVER: [StepKind.DRAIN, StepKind.ACT, StepKind.WAIT_FOR_NODE, StepKind.VERIFY,
-                      StepKind.RESUME],
-    Action.REMOVE: [StepKind.DRAIN, StepKind.ACT],
+    # The agent answers ok once the GPU answers NVML again: no boot to wait for. Every action
+    # that touches the node keeps the evidence first, right before the act.
+    Action.RESET_GPU: [StepKind.DRAIN, StepKind.COLLECT_BUNDLE, StepKind.ACT, StepKind.VERIFY,
+                       StepKind.RESUME],
+    Action.REBOOT: [StepKind.DRAIN, StepKind.COLLECT_BUNDLE, StepKind.ACT,
+                    StepKind.WAIT_FOR_NODE, StepKind.VERIFY, StepKind.RESUME],
+    Action.REPROVISION: [StepKind.DRAIN, StepKind.COLLECT_BUNDLE, StepKind.ACT,
+                         StepKind.WAIT_FOR_NODE, StepKind.VERIFY, StepKind.RESUME],
+    Action.FAILOVER: [StepKind.DRAIN, StepKind.COLLECT_BUNDLE, StepKind.ACT,
+                      StepKind.WAIT_FOR_NODE, StepKind.VERIFY, StepKind.RESUME],
+    Action.REMOVE: [StepKind.DRAIN, StepKind.COLLECT_BUNDLE, StepKind.ACT],
 }
 
 

@@ -166,6 +166,9 @@ class Repair(DrainFields):
         default=dict, blank=True,
         help_text="what the card showed the person who approved it: the jobs at risk (or why "
                   "the scheduler could not be read), the nodes they span, the blast radius")
+    bundle = models.ForeignKey(
+        "nodes.DiagnosticBundle", null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+", help_text="the diagnostic bundle taken right before the act")
     snooze_until = models.DateTimeField(
         null=True, blank=True,
         help_text="rejected or cancelled: no new recommendation for its events until then "

@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Q
+from django.template.defaultfilters import filesizeformat
 from django.http import HttpRequest
 from django.utils import timezone
 
@@ -28,7 +29,8 @@ from healthchecks.check_catalog import AFTER_REBOOT_CHECKS
 from healthchecks.gpu_lost import do_accept_gpu_inventory
 from healthchecks.models import CheckRun, HealthEvent
 from healthchecks.services import do_close_health_event, do_request_checks, edge_events_open
-from nodes.models import AgentCommand
+from nodes.bundles import do_request_bundle, settle
+from nodes.models import AgentCommand, DiagnosticBundle
 from nodes.services import (
     REPAIR_OPENER,
     do_issue_join_token,
@@ -171,6 +173,26 @@ def job_summary(job):
     """What the repair's page shows of a job its drain waits for."""
     return {"id": job.id, "user": job.user, "name": job.name, "nodes": list(job.nodes),
             "time_left_s": job.time_left_s}
+
+
+def collect_bundle(repair, step, now):
+    """Ask the node's agent for a diagnostic bundle right before the act, after the drain,
+    so it holds the fault's evidence as it is, and wait for it up to the bundle's deadline
+    (CLUSTERUI_BUNDLE_DEADLINE_S): one that does not come never holds the repair longer."""
+    bundle = repair.bundle
+    if bundle is None:
+        with transaction.atomic():
+            bundle = do_request_bundle(repair.node, now=now,
+                                       reason=f"before repair #{repair.pk} ({repair.action})")
+            Repair.objects.filter(pk=repair.pk).update(bundle=bundle)
+        return Wait(f"asked the agent for a diagnostic bundle (it has {bundle.deadline_s} s)")
+    bundle = settle(bundle, now)
+    if bundle.status == DiagnosticBundle.Status.STORED:
+        return Done(f"diagnostic bundle kept: {filesizeformat(bundle.size_bytes)}, "
+                    f"{len(bundle.listing)} files, SHA-256 {bundle.sha256}")
+    if bundle.status != DiagnosticBundle.Status.REQUESTED:
+        return Done(f"no diagnostic bundle ({bundle.message}); the repair goes on without it")
+    return Wait("waiting for the agent's diagnostic bundle")
 
 
 def act(repair, step, now):
@@ -332,6 +354,7 @@ def resume(repair, step, now):
 
 STEP_FUNCTIONS = {
     StepKind.DRAIN: drain,
+    StepKind.COLLECT_BUNDLE: collect_bundle,
     StepKind.ACT: act,
     StepKind.WAIT_FOR_NODE: wait_for_node,
     StepKind.VERIFY: verify,

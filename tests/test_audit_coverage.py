@@ -26,7 +26,7 @@ from tests.test_authorization_matrix import (  # noqa: F401 (fixtures)
 )
 from nodes.models import Node
 from nodes.services import do_pause_node, do_record_hello
-from repairs.models import Repair
+from repairs.models import Repair, RepairStep
 
 SOURCE_IP = "10.20.30.40"
 
@@ -73,6 +73,16 @@ def run_the_repair(world):
     Cluster.objects.filter(repairs__in=repair).update(scheduler="none")
 
 
+def wait_for_jobs(world):
+    """A running repair whose drain waits for a job: what going on now ends."""
+    run_the_repair(world)
+    RepairStep.objects.create(
+        repair=Repair.objects.get(public_id=world["repair"]), position=0, kind="drain",
+        status="waiting", started_at=timezone.now(), next_check_at=timezone.now(),
+        details={"jobs": [{"id": "41", "user": "alice", "name": "train", "nodes": [],
+                           "time_left_s": None}]})
+
+
 AUDITED = {
     "clusterui:cluster_create": Audited("cluster.create", "clusterui.cluster"),
     "clusterui:cluster_settings": Audited("cluster.update", "clusterui.cluster",
@@ -87,6 +97,7 @@ AUDITED = {
                                           setup=replace_a_gpu),
     "nodes:bulk_pause": Audited("node.pause", "nodes.node"),
     "nodes:cleanup": Audited("agentcommand.send", "nodes.agentcommand"),
+    "nodes:bundle_request": Audited("agentcommand.send", "nodes.agentcommand"),
     "nodes:bulk_resume": Audited("node.resume", "nodes.node", setup=pause_the_node),
     "healthchecks:bulk_check": Audited("checkrun.request", "healthchecks.checkrun"),
     "nodes:set_role": Audited("node.set_role", "nodes.node", before_after=True),
@@ -114,6 +125,7 @@ AUDITED = {
     "repairs:reject": Audited("repair.reject", "repairs.repair"),
     "repairs:cancel": Audited("repair.cancel", "repairs.repair"),
     "repairs:abort": Audited("repair.abort", "repairs.repair", setup=run_the_repair),
+    "repairs:go_on_now": Audited("repair.go_on_now", "repairs.repair", setup=wait_for_jobs),
     "notifications:create": Audited("notification_channel.create", "notifications.channel"),
     "notifications:detail": Audited("notification_channel.update", "notifications.channel",
                                     before_after=True),
@@ -133,6 +145,8 @@ AUDITED = {
 NOT_AUDITED_HERE = {
     "login": "clusters/tests/test_oidc_views.py::test_a_local_sign_in_is_audited",
     "break_glass": "clusters/tests/test_break_glass.py (signed in and refused, with the IP)",
+    # An agent's upload, with a node token: no person acts; the bundle's row records it.
+    "agent_bundle_upload": "nodes/tests/test_bundles.py",
 }
 
 

@@ -33,6 +33,7 @@ from startup.services import Validation, do_save_startup_script
 from api.tokens import do_create_api_token
 from nodes.services import do_create_maintenance_window, do_issue_join_token
 from notifications.services import do_create_channel
+from nodes.bundles import do_request_bundle
 from nodes.tests.factories import GpuFactory, NodeFactory
 from repairs.models import RepairSettings
 from repairs.tests.factories import RepairFactory
@@ -86,6 +87,8 @@ TABLE = {
     "metrics": Row(get=everyone(401), post=everyone(405)),  # bearer token: see below
     "metrics_targets": Row(get=everyone(401), post=everyone(405)),  # the same token
     "healthz": Row(get=everyone(200), post=everyone(405)),
+    # The agent's upload: a node token, not a person (nodes/tests/test_bundles.py).
+    "agent_bundle_upload": Row(get=everyone(405), post=everyone(401)),
     # Sign-in pages (their guards: clusters/tests/test_break_glass.py, test_oidc_views.py).
     # An empty break-glass form is shown again with its errors; the OIDC views are 404 while
     # OpenID Connect is off, as here.
@@ -152,6 +155,9 @@ TABLE = {
     "nodes:live": Row(get=needs(VIEW, 200), post=not_allowed()),
     "nodes:hygiene": Row(get=needs(VIEW, 200), post=not_allowed()),
     "nodes:cleanup": Row(get=not_allowed(), post=needs(OPERATE, 302)),
+    "nodes:bundle_request": Row(get=not_allowed(), post=needs(OPERATE, 302)),
+    # The world's bundle is another node's, and still being collected: nothing to download.
+    "nodes:bundle_download": Row(get=needs(OPERATE, 404), post=not_allowed(), public_id="bundle"),
     "nodes:bulk_pause": Row(get=not_allowed(), post=needs(OPERATE, 302),
                             data={"nodes": ["gpu-0001"], "reason": "reseat"}),
     "nodes:bulk_resume": Row(get=not_allowed(), post=needs(OPERATE, 302),
@@ -300,6 +306,7 @@ def world(cluster, settings):
     event = do_record_health_event(node, signature="xid:79", severity="critical", gpu=gpu,
                                    message="GPU has fallen off the bus")
     repair = RepairFactory(node=NodeFactory(cluster=cluster, name="gpu-0002"))
+    bundle = do_request_bundle(repair.node, reason="asked by setter")
     join_token, _ = do_issue_join_token(cluster, note="rack 12")
     for body in ("#!/bin/bash\ntrue\n", "#!/bin/bash\necho up\n"):
         do_save_startup_script(cluster, event="node_boot", role="worker", body=body,
@@ -316,7 +323,8 @@ def world(cluster, settings):
             "prefix": api_token.prefix, "window_id": window.pk,
             "secret": "IPMI_PASSWORD", "channel_id": channel.pk,
             "repair": repair.public_id, "join_token": join_token.public_id,
-            "lifecycle": "node_boot", "role": "worker", "number": 1}
+            "lifecycle": "node_boot", "role": "worker", "number": 1,
+            "bundle": bundle.public_id, "bundle_id": str(bundle.public_id)}
 
 
 def url_for(name, route, world):

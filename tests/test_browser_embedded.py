@@ -125,12 +125,13 @@ def test_what_a_worker_does_reaches_the_open_tab_and_the_agent_through_the_feed(
     card_id = page.locator("#repair-awaiting .repair").first.get_attribute("id")
     approve.click()
     running = page.locator(f"#repair-running #{card_id}")
-    expect(running.locator(".steps li")).to_have_count(5)
+    expect(running.locator(".steps li")).to_have_count(6)
 
     # When the page first showed each step done (the worker wrote it).
     shown_done = {}
     steps = running.locator(".steps li")
-    kinds = ["drain", "act", "wait for node", "verify", "resume"]
+    kinds = ["drain", "collect the diagnostic bundle", "act", "wait for node", "verify",
+             "resume"]
     finished_card = page.locator(f"#repair-history #history-{card_id.removeprefix('repair-')}")
 
     def all_shown():
@@ -154,7 +155,7 @@ def test_what_a_worker_does_reaches_the_open_tab_and_the_agent_through_the_feed(
 
     facts = json.loads(manage(embedded.env, "shell", "-c", STEPS).strip().splitlines()[-1])
     finished = {kind: at for kind, status, at in facts["steps"] if status == "done"}
-    assert len(finished) == 5, facts
+    assert len(finished) == 6, facts
     lags = {}
     for (kind, _, at), label in zip(facts["steps"], kinds):
         lags[label] = shown_done[label] - at
@@ -165,9 +166,10 @@ def test_what_a_worker_does_reaches_the_open_tab_and_the_agent_through_the_feed(
     # The upper bound leaves room for a slow machine; "no polling" is checked below.
     assert all(-0.1 < lag < 5.0 for lag in lags.values()), lags
 
-    # The reboot command and the checks after the reboot were asked in the worker, and went
-    # out on the agent's connection (sent) without any re-offer of queued work.
-    assert facts["commands"] == [["reboot", "ok"]], facts
+    # The bundle and the reboot commands and the checks after the reboot were asked in the
+    # worker, and went out on the agent's connection (sent) without any re-offer of queued
+    # work; the bundle reached the embedded server before the reboot.
+    assert facts["commands"] == [["collect_bundle", "ok"], ["reboot", "ok"]], facts
     after_reboot = [run for run in facts["runs"] if run[1] == "after_reboot"]
     assert after_reboot and all(status == "passed" and sent for _, _, status, sent in
                                 after_reboot), facts

@@ -160,8 +160,8 @@ def assert_repaired_once(repair, node, agent, scontrol, slurm):
         f"update nodename=gpu-001 state=drain reason=clusterui repair #{repair.pk}",
         "update nodename=gpu-001 state=resume",
     ]
-    [command] = AgentCommand.objects.filter(node=node)
-    assert (command.action, command.status) == ("reboot", "ok")
+    [command] = AgentCommand.objects.filter(node=node, action="reboot")
+    assert command.status == "ok"
     assert agent.log_text().count(AGENT_REBOOT_LINE) == 1
     wait_until(lambda: slurm.node_states()["gpu-001"] == "idle", timeout=10,
                what="gpu-001 idle in Slurm")
@@ -236,8 +236,8 @@ def test_a_failed_drain_fails_the_repair_with_slurms_reason_and_leaves_the_node_
     assert repair.outcome == f"drain failed: {why}"
     steps = list(repair.steps.order_by("position"))
     assert [(s.kind, s.status) for s in steps] == [
-        ("drain", "failed"), ("act", "pending"), ("wait_for_node", "pending"),
-        ("verify", "pending"), ("resume", "pending")]
+        ("drain", "failed"), ("collect_bundle", "pending"), ("act", "pending"),
+        ("wait_for_node", "pending"), ("verify", "pending"), ("resume", "pending")]
     assert steps[0].message == why
     assert list(repair.transitions.values_list("to_status", flat=True)) == [
         "approved", "running", "failed"]
@@ -265,10 +265,12 @@ def test_a_step_delivered_many_times_at_once_to_several_workers_acts_once(stack,
     operator = UserFactory(username="int-dup-op", role=Role.OPERATOR)
     repair = do_approve_repair(do_propose_repair(node, action="reprovision", actor=operator,
                                                  reason="test"), actor=operator)
-    # The drain is done (no scheduler): the act step is next, pending, not yet sent.
+    # The drain is done (no scheduler), and the bundle step (no agent here): the act step
+    # is next, pending, not yet sent.
     steps = list(repair.steps.order_by("position"))
-    RepairStep.objects.filter(pk=steps[0].pk).update(status=StepStatus.DONE,
-                                                    finished_at=timezone.now())
+    RepairStep.objects.filter(pk__in=[steps[0].pk, steps[1].pk]).update(
+        status=StepStatus.DONE, finished_at=timezone.now())
+    steps = [step for step in steps if step.kind != "collect_bundle"]
     workers = [stack.celery("worker", "-P", "prefork", "-c", "4", "-n", f"dup{n}@%h",
                             "--without-heartbeat", "--without-gossip", "--without-mingle")
                for n in range(2)]

@@ -17,11 +17,13 @@ sent; the Slurm hook (agent/hook.py) leaves its results there too.
 """
 
 import asyncio
+import collections
 import json
 import logging
 import math
 import random
 import time
+from urllib.parse import urlsplit
 
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
@@ -50,6 +52,7 @@ RECEIVE_MAX_BYTES = 16 * 1024 * 1024  # a config frame carries startup script bo
 # node's new events.
 RESEND_BURST = 100
 RESEND_PER_S = 10.0
+RECENT_EVENTS_MAX = 2000  # kept for a diagnostic bundle's last hour of events
 HYGIENE_RESEND_S = 60.0  # a sample carries unchanged hygiene readings at least this often
 
 
@@ -132,6 +135,8 @@ class AgentClient:
         self._spool = scripts.ResultSpool(config.state_dir)
         self._spool_lock = asyncio.Lock()
         self._boot_task = None  # the node_boot scripts, while they run
+        # (time.time(), event frame) of the events raised lately, for a diagnostic bundle
+        self._recent_events = collections.deque(maxlen=RECENT_EVENTS_MAX)
 
     async def run(self):
         """Run until cancelled."""
@@ -215,6 +220,7 @@ class AgentClient:
             log.error("event %s cannot be sent, dropped: %s", event.get("signature"), exc)
             return
         dropped = self._outbox.add(event)
+        self._recent_events.append((time.time(), event))
         if dropped:
             log.warning("the outbox is full (%d MB): %d older events dropped to make room "
                         "(the next hello tells the server)",
@@ -223,6 +229,25 @@ class AgentClient:
         ws = self._ws
         if ws is not None:
             await self._send(ws, event)
+
+    # What a diagnostic bundle (agent/work/bundles.py) takes from the client.
+
+    def nvml_readings(self):
+        """The GPUs' readings now, as a sample carries them."""
+        return self._backend.read_gpus()
+
+    def events_since(self, seconds):
+        """The event frames raised in the last `seconds`, oldest first."""
+        cutoff = time.time() - seconds
+        return [event for at, event in self._recent_events if at >= cutoff]
+
+    def upload_target(self):
+        """(the server's origin, "http(s)://host:port", this node's token, the TLS context)
+        for the agent's HTTP endpoints (PROTOCOL.md: the same host as the WebSocket)."""
+        parts = urlsplit(self.server_url)
+        scheme = "https" if parts.scheme == "wss" else "http"
+        token, _ = self._token()
+        return f"{scheme}://{parts.netloc}", token, self._tls
 
     async def _send(self, ws, frame):
         try:

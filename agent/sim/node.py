@@ -4,6 +4,8 @@ agent.node.build_node, with the simulated backend (replaying a real H200, with t
 boot id, and no Slurm (a simulated node is not a Slurm node, even on a machine with
 scontrol)."""
 
+from importlib import resources
+
 from agent.detectors import reading_watchers
 from agent.detectors.xid import XidWatcher
 from agent.hygiene import Hygiene, make_hygiene
@@ -13,6 +15,7 @@ from agent.sim.backend import SimulatedBackend
 from agent.sim.boot import SimulatedReboot, simulated_boot_id
 from agent.sim.checks import SimulatedCheckRunner
 from agent.sim.hygiene import SimulatedHygiene
+from agent.work.bundles import BundleCommand
 from agent.work.commands import CommandSet
 
 
@@ -86,7 +89,29 @@ class SimulatedGpuReset:
 
 
 def simulated_command_handler(config, backend, hygiene):
-    """A simulated node's commands: its reboot (agent/sim/boot.py), a GPU reset, node
-    hygiene's."""
+    """A simulated node's commands: its reboot (agent/sim/boot.py), a GPU reset, a
+    diagnostic bundle, node hygiene's."""
     reboot = SimulatedReboot(backend, config.state_dir, boot_s=config.simulated_boot_s)
-    return CommandSet([reboot, SimulatedGpuReset(backend), hygiene.commands])
+    return CommandSet([reboot, SimulatedGpuReset(backend),
+                       SimulatedBundle(config.node_name, backend), hygiene.commands])
+
+
+class SimulatedBundle(BundleCommand):
+    """A simulated node's diagnostic bundle: its simulated kernel log (the Xid lines its
+    faults wrote), the real H200's `nvidia-smi -q -x` (agent/data/h200/), and no slurmd or
+    nvidia-bug-report.sh, which the manifest says."""
+
+    def __init__(self, node_name, backend):
+        super().__init__(node_name)
+        self._backend = backend
+
+    def _run(self, source, deadline):
+        if source in ("kernel", "kernel_fallback"):
+            return self._backend.kernel_log.since_boot(), ""
+        if source == "nvidia_smi":
+            return (resources.files("agent") / "data" / "h200" / "nvidia-smi-q.xml"
+                    ).read_bytes(), ""
+        return None, "a simulated node runs no slurmd"
+
+    def _bug_report(self, deadline):
+        return None, "a simulated node has no nvidia-bug-report.sh"

@@ -279,7 +279,7 @@ def test_bad_reboot_settings_are_usage_errors(given, error):
 def test_the_agent_reboots_with_the_reboot_command_or_in_simulation(tmp_path):
     real = build_config(options(server=SERVER, node_name=NODE, reboot_command="true"))
     handler = make_command_handler(real, hygiene=Hygiene(), nvml=FakeNvml())
-    assert handler.actions == ("reboot", "reset_gpu")
+    assert handler.actions == ("reboot", "reset_gpu", "collect_bundle")
     reboot = handler._by_action["reboot"]
     assert isinstance(reboot, RebootCommand) and reboot.command == "true"
 

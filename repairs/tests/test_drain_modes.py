@@ -34,6 +34,8 @@ from schedulers.tests.kubernetes_fake import (  # noqa: F401 - fake_api is a fix
     pdb_refusal,
 )
 
+from .helpers import past_the_bundle
+
 pytestmark = pytest.mark.django_db
 
 DAY = 24 * 3600
@@ -176,6 +178,7 @@ def test_a_budget_keeps_a_signal_drain_waiting_until_its_deadline_then_pods_are_
     fake_api.finish_terminating()
     done = steps.run_step(drain_id, now=t0 + timedelta(seconds=610))
     assert isinstance(done, steps.Done)
+    past_the_bundle(enqueued)
     steps.run_step(enqueued.pop(0))
     assert AgentCommand.objects.filter(node=k8s_node, action="reboot").exists()
 

@@ -167,7 +167,7 @@ def test_two_operators_approve_once(node, operator, admin):
         do_approve_repair(stale, actor=admin)
     repair.refresh_from_db()
     assert repair.reviewed_by == operator and repair.status == Status.RUNNING
-    assert repair.steps.count() == 5
+    assert repair.steps.count() == 6
     assert AuditEntry.objects.filter(action="repair.approve").count() == 1
 
 

@@ -19,6 +19,8 @@ from repairs.choices import Action, Status
 from repairs.policy import in_cooldown
 from repairs.services import do_approve_repair, refresh_recommendation
 
+from .helpers import past_the_bundle
+
 pytestmark = pytest.mark.django_db
 
 GPUS = [{"index": i, "uuid": f"GPU-{i:04d}", "name": "NVIDIA H200", "serial": f"16541{i:08d}",
@@ -55,12 +57,13 @@ def test_a_reset_gpu_bucket_xid_is_reset_alone_verified_and_closed(node, operato
     assert repair.reason.startswith("NVIDIA: reset the GPU (RESET_GPU)")
     repair = do_approve_repair(repair, actor=operator)
     assert list(repair.steps.values_list("kind", flat=True)) == [
-        "drain", "act", "verify", "resume"]
+        "drain", "collect_bundle", "act", "verify", "resume"]
     node.refresh_from_db()
     assert node.state == NodeState.PAUSED  # it takes the node out, as a reboot does
 
     now = timezone.now()
     steps.run_step(enqueued.pop(0), now=now)  # drain: no scheduler here
+    past_the_bundle(enqueued, now=now)
     steps.run_step(enqueued.pop(0), now=now)  # act: the command goes out
     command = AgentCommand.objects.get(node=node, action="reset_gpu")
     assert command.params == {"gpu_uuid": "GPU-0004"}
@@ -96,6 +99,7 @@ def refused_reset(node, operator, enqueued, message):
     reset = do_approve_repair(refresh_recommendation(node), actor=operator)
     now = timezone.now()
     steps.run_step(enqueued.pop(0), now=now)  # drain
+    past_the_bundle(enqueued, now=now)
     steps.run_step(enqueued.pop(0), now=now)  # act
     answer(node, "failed", message)
     later = reset.steps.get(kind="act").next_check_at

@@ -1,5 +1,5 @@
 """The step engine, step by step, called directly (the Celery wrapper holds no logic):
-drain -> act -> wait for the node -> verify -> resume, waiting without sleeping, failing
+drain -> collect the bundle -> act -> wait for the node -> verify -> resume, waiting without sleeping, failing
 with a reason, and running a step twice without doing anything twice."""
 
 from datetime import timedelta
@@ -16,6 +16,8 @@ from repairs import steps
 from repairs.choices import Status, StepStatus
 from repairs.models import RepairSettings
 from repairs.services import do_approve_repair, do_propose_repair, refresh_recommendation
+
+from .helpers import past_the_bundle
 
 pytestmark = pytest.mark.django_db
 
@@ -52,6 +54,7 @@ def test_a_reprovision_runs_every_step_and_the_node_ends_healthy(node, operator,
     assert node.state == NodeState.PAUSED
 
     assert run_next(enqueued).message == "drained (none)"
+    past_the_bundle(enqueued)
     assert "started by the provider" in run_next(enqueued).message
     assert (tmp_path / "calls").read_text() == "reprovisioning gpu-009\n"
 
@@ -89,6 +92,7 @@ def test_a_failed_verify_fails_the_repair_and_leaves_the_node_paused(node, opera
         do_propose_repair(node, action="reprovision", actor=operator, reason="bad image"),
         actor=operator)
     run_next(enqueued)
+    past_the_bundle(enqueued)
     run_next(enqueued)
     do_record_hello(node, boot_id="boot-2", gpus=GPUS)
     run_next(enqueued)
@@ -119,6 +123,7 @@ def test_a_provider_failure_fails_the_step_with_its_output(node, operator, enque
         do_propose_repair(node, action="reprovision", actor=operator, reason="x"),
         actor=operator)
     run_next(enqueued)
+    past_the_bundle(enqueued)
     outcome = run_next(enqueued)
     assert isinstance(outcome, steps.Failed) and "no capacity in rack 4" in outcome.message
     repair.refresh_from_db()
@@ -130,6 +135,7 @@ def test_an_act_step_run_again_after_its_worker_died_does_not_act_twice(node, op
     repair = do_approve_repair(
         do_propose_repair(node, action="remove", actor=operator, reason="RMA"), actor=operator)
     run_next(enqueued)
+    past_the_bundle(enqueued)
     act = repair.steps.get(kind="act")
     assert run_next(enqueued).message == "remove started by the provider"
     assert steps.run_step(act.pk) is None  # done: a second delivery does nothing
@@ -144,6 +150,7 @@ def test_a_provider_run_cut_short_is_not_repeated(node, operator, enqueued, tmp_
     repair = do_approve_repair(
         do_propose_repair(node, action="remove", actor=operator, reason="RMA"), actor=operator)
     run_next(enqueued)
+    past_the_bundle(enqueued)
     act = repair.steps.get(kind="act")
     steps.set_details(act, provider_started=timezone.now().isoformat())  # died mid-run
     outcome = run_next(enqueued)
@@ -165,6 +172,7 @@ def test_an_xid_79_repair_recommended_approved_and_verified_closes_the_xid(node,
     repair.save(update_fields=["action"])
     do_approve_repair(repair, actor=operator)
     run_next(enqueued)
+    past_the_bundle(enqueued)
     run_next(enqueued)
     do_record_hello(node, boot_id="boot-2", gpus=GPUS)
     run_next(enqueued)
@@ -197,6 +205,7 @@ def test_a_reprovision_opens_its_node_to_rejoin_and_hands_the_provider_a_token_f
         do_propose_repair(node, action="reprovision", actor=operator, reason="bad image"),
         actor=operator)
     run_next(enqueued)  # drain
+    past_the_bundle(enqueued)
     outcome = run_next(enqueued)
     plaintext = (tmp_path / "token").read_text().strip()
     assert plaintext.startswith("cuj_")
@@ -217,6 +226,7 @@ def test_a_reboot_does_not_open_its_node_to_rejoin(node, operator, enqueued):
     do_approve_repair(do_propose_repair(node, action="reboot", actor=operator, reason="xid"),
                       actor=operator)
     run_next(enqueued)  # drain
+    past_the_bundle(enqueued)
     run_next(enqueued)  # the reboot command
     node.refresh_from_db()
     assert node.rejoin_open_until is None
