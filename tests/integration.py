@@ -248,6 +248,16 @@ class Daphne(Process):
             return exc.code, exc.read().decode(errors="replace")
 
 
+class Uvicorn(Daphne):
+    """`uvicorn clusterui.asgi:application` on 127.0.0.1:`port`: what the README routes the
+    agents' bundle uploads to (it reads a body as the app asks for it)."""
+
+    def __init__(self, name, *, env, log_path, port=None):
+        super().__init__(name, env=env, log_path=log_path, port=port)
+        self.argv = [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port",
+                     str(self.port), "--log-level", "warning", "clusterui.asgi:application"]
+
+
 class Agent(Process):
     """The real agent (`python -m agent --simulate`), with its own state dir."""
 
@@ -299,6 +309,12 @@ class ProcessGroup:
                                   port=port))
         if start:
             server.start().wait_listening()
+        return server
+
+    def uvicorn(self, name="uvicorn", **env):
+        server = self._add(Uvicorn(name, env=self.env_with(**env), log_path=self._log(name)))
+        server.start()
+        server.wait_listening()
         return server
 
     def agent(self, name, server, *, token, inject=None, state_dir=None, extra_args=()):
