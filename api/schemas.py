@@ -113,6 +113,23 @@ class CommandOut(Schema):
     finished_at: datetime | None
 
 
+class BundleOut(Schema):
+    """A diagnostic bundle (PROTOCOL.md "Diagnostic bundles"): operators download it from
+    `download_url`."""
+
+    id: UUID = Field(..., alias="public_id")
+    node: str
+    reason: str
+    status: str = Field(..., description="requested, stored, failed (not sent) or expired")
+    message: str = Field("", description="why it was not sent, or when it was deleted")
+    requested_at: datetime
+    stored_at: datetime | None
+    size_bytes: int | None
+    sha256: str
+    files: list[dict] = Field(default_factory=list, description="[{name, size}] inside it")
+    download_url: str | None = Field(None, description="while stored (operators)")
+
+
 class EventOut(Schema):
     id: UUID = Field(..., alias="public_id")
     node: str
@@ -193,6 +210,8 @@ class RepairOut(Schema):
         None, description="rejected or cancelled: no new recommendation for its events "
                           "before this (null: until they close)")
     drain: DrainOut
+    bundle: BundleOut | None = Field(None, description="the diagnostic bundle taken right "
+                                                       "before the act")
     url: str
 
 

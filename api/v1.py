@@ -14,8 +14,9 @@ from uuid import UUID
 from django.conf import settings
 from django.core.paginator import Paginator
 from django.db.models import Count, Q
-from django.http import Http404, HttpResponse, QueryDict
+from django.http import FileResponse, Http404, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404
+from django.urls import reverse
 from ninja import NinjaAPI, Router
 from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationError
 from ninja.security import HttpBearer
@@ -32,7 +33,8 @@ from healthchecks.services import do_acknowledge_event, do_request_checks, do_si
 from jobs.models import Job
 from nodes.filters import NodeFilter
 from nodes.live_store import get_live_store
-from nodes.models import AgentCommand, Node
+from nodes.bundles import do_download_bundle, do_request_bundle, settle
+from nodes.models import AgentCommand, DiagnosticBundle, Node
 from nodes.queries import live_numbers
 from nodes.services import do_pause_node, do_resume_node, do_send_command
 from repairs.choices import Action, StepKind
@@ -274,6 +276,7 @@ def repair_json(repair):
             "outcome": repair.outcome, "follows": repair.follows_id,
             "follows_why": repair.follows_why, "approval_view": repair.approval_view,
             "snooze_until": repair.snooze_until, "drain": drain_json(repair),
+            "bundle": bundle_json(repair.bundle) if repair.bundle_id else None,
             "url": settings.CLUSTERUI_PUBLIC_URL.rstrip("/") + repair.get_absolute_url()}
 
 
@@ -290,7 +293,8 @@ def drain_json(repair):
 
 
 def repairs_of(cluster):
-    return (Repair.objects.filter(cluster=cluster).select_related("node", "cluster", "reviewed_by")
+    return (Repair.objects.filter(cluster=cluster)
+            .select_related("node", "cluster", "reviewed_by", "bundle__node__cluster")
             .prefetch_related("steps").order_by("-requested_at", "-id"))
 
 
@@ -359,7 +363,8 @@ def list_audit(request, action: str = "", actor: str = "", cluster: str = ""):
 # Acts ---------------------------------------------------------------------------------------
 
 def acted(repair):
-    return repair_json(Repair.objects.select_related("node", "cluster", "reviewed_by")
+    return repair_json(Repair.objects.select_related("node", "cluster", "reviewed_by",
+                                                     "bundle__node__cluster")
                        .prefetch_related("steps").get(pk=repair.pk))
 
 
@@ -444,6 +449,48 @@ def clean_up_node(request, slug: str, name: str):
     return 202, {"id": command.pk, "node": node.name, "action": command.action,
                  "status": command.status, "message": command.message,
                  "requested_at": command.requested_at, "finished_at": command.finished_at}
+
+
+def bundle_json(bundle):
+    stored = bundle.status == DiagnosticBundle.Status.STORED
+    return {"public_id": bundle.public_id, "node": bundle.node.name, "reason": bundle.reason,
+            "status": bundle.status, "message": bundle.message,
+            "requested_at": bundle.requested_at, "stored_at": bundle.stored_at,
+            "size_bytes": bundle.size_bytes, "sha256": bundle.sha256, "files": bundle.listing,
+            "download_url": reverse("api:download_bundle", args=[
+                bundle.node.cluster.slug, bundle.node.name, bundle.public_id])
+            if stored else None}
+
+
+@clusters.get("/{slug}/nodes/{name}/bundles/", response=list[schemas.BundleOut],
+              summary="The node's diagnostic bundles, newest first")
+def list_bundles(request, slug: str, name: str):
+    node = node_of(cluster_of(slug), name)
+    return [bundle_json(settle(bundle)) for bundle in
+            node.bundles.select_related("node__cluster")[:100]]
+
+
+@clusters.post("/{slug}/nodes/{name}/bundles/", response={202: schemas.BundleOut},
+               summary="Ask the node's agent for a diagnostic bundle (operators)")
+def request_bundle(request, slug: str, name: str):
+    require(request, Role.OPERATOR)
+    node = node_of(cluster_of(slug), name)
+    bundle = do_request_bundle(node, reason=f"asked by {request.user.get_username()}",
+                               actor=request.user, request=request)
+    return 202, bundle_json(bundle)
+
+
+@clusters.get("/{slug}/nodes/{name}/bundles/{bundle_id}/", response={200: None},
+              summary="Download a stored diagnostic bundle, a gzip-compressed tar file "
+                      "(operators; audited)")
+def download_bundle(request, slug: str, name: str, bundle_id: UUID):
+    require(request, Role.OPERATOR)
+    node = node_of(cluster_of(slug), name)
+    bundle = get_object_or_404(node.bundles, public_id=bundle_id,
+                               status=DiagnosticBundle.Status.STORED)
+    return FileResponse(do_download_bundle(bundle, actor=request.user, request=request),
+                        as_attachment=True, filename=bundle.filename,
+                        content_type="application/gzip")
 
 
 @clusters.post("/{slug}/nodes/{name}/recommend-again/", response={200: schemas.RepairOut,

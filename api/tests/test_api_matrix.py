@@ -6,6 +6,7 @@ allowed one writes the same entry the page does (tests/test_audit_coverage.py)."
 from dataclasses import dataclass, field
 
 import pytest
+from django.core.files.base import ContentFile
 from django.urls import get_resolver, reverse
 from django.utils import timezone
 
@@ -13,7 +14,8 @@ from clusters.models import AuditEntry, Cluster
 from clusters.roles import Role
 from tests.test_authorization_matrix import url_patterns
 from healthchecks.services import do_record_health_event
-from nodes.models import Node
+from nodes.bundles import do_request_bundle, storage
+from nodes.models import DiagnosticBundle, Node
 from nodes.services import do_pause_node
 from nodes.tests.factories import GpuFactory, NodeFactory
 from repairs.models import Repair, RepairStep
@@ -54,6 +56,17 @@ def waiting_for_jobs(world):
                            "time_left_s": 3600}], "deadline": timezone.now().isoformat()})
 
 
+def stored_bundle(world):
+    """A bundle of the world's node, stored: what download_bundle answers."""
+    node = Node.objects.get(name=world["name"])
+    bundle = do_request_bundle(node, reason="asked by a test")
+    name = storage().save(f"{world['slug']}/{node.name}/{bundle.public_id}.tar.gz",
+                          ContentFile(b"a bundle"))
+    DiagnosticBundle.objects.filter(pk=bundle.pk).update(status="stored", stored_as=name,
+                                                         size_bytes=8, sha256="0" * 64)
+    world["bundle_id"] = str(bundle.public_id)
+
+
 def paused(world):
     do_pause_node(Node.objects.get(name=world["name"]), actor=None, reason="reseat")
 
@@ -81,6 +94,10 @@ ENDPOINTS = {
                                  audit="repair.abort", setup=running),
     "api:go_on_now": Endpoint("POST", OPERATE, body={"comment": "the job hangs"},
                               audit="repair.go_on_now", setup=waiting_for_jobs),
+    "api:list_bundles": Endpoint("GET", VIEW),
+    "api:request_bundle": Endpoint("POST", OPERATE, ok=202, audit="agentcommand.send"),
+    "api:download_bundle": Endpoint("GET", OPERATE, audit="diagnosticbundle.download",
+                                    setup=stored_bundle),
     "api:propose_repair": Endpoint("POST", OPERATE, ok=201,
                                    body={"action": "reboot", "reason": "flaky"},
                                    audit="repair.propose"),
@@ -120,7 +137,8 @@ def world(cluster):
 def path_for(name, route, world):
     kwargs = {}
     for parameter, value in (("slug", world["slug"]), ("name", world["name"]),
-                             ("public_id", world["event"]), ("ref", world["number"])):
+                             ("public_id", world["event"]), ("ref", world["number"]),
+                             ("bundle_id", world.get("bundle_id"))):
         if f"<{parameter}>" in route or f":{parameter}>" in route:
             kwargs[parameter] = value
     return reverse(name, kwargs=kwargs)
