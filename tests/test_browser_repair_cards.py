@@ -17,6 +17,7 @@ from healthchecks.services import do_close_health_event, do_record_health_event
 from nodes.models import NodeRollup
 from nodes.tests.factories import GpuFactory, NodeFactory
 from repairs.choices import Status
+from nodes.models import DiagnosticBundle
 from repairs.models import RepairStep
 from repairs.services import refresh_recommendation
 from repairs.tests.factories import RepairFactory
@@ -161,5 +162,42 @@ def test_a_drain_waiting_for_jobs_shows_them_its_deadline_and_go_on_now(page, co
         expect(card).to_contain_text(text)
     expect(card.get_by_role("button", name="Go on now")).to_be_visible()
     element_screenshot(card, "repair-card-waiting-for-jobs")
+    assert not console.errors, str(console)
+    assert_no_csp_violations(console)
+
+
+def a_repair_with_its_bundle(cluster):
+    """A reboot that succeeded, with the diagnostic bundle taken before it."""
+    node = node_with_gpus(cluster, "gpu-022")
+    done = timezone.now() - timedelta(minutes=20)
+    bundle = DiagnosticBundle.objects.create(
+        node=node, reason="before repair (reboot)", requested_at=done, max_bytes=64 * 2**20,
+        deadline_s=120, status="stored", stored_at=done + timedelta(seconds=9),
+        size_bytes=3_481_022, sha256="9f2c41d6e3b0a8c4f1e7d2b5a6c3f8e1d4b7a0c9e2f5d8b1a4c7e0f3d6b9a2c5",
+        listing=[{"name": f"gpu-022/{name}", "size": size} for name, size in (
+            ("manifest.json", 1904), ("kernel-gpu.log", 2210), ("kernel-tail.log", 181_337),
+            ("nvidia-smi-q.xml", 27202), ("nvml.json", 9120), ("agent-events.json", 2208),
+            ("slurmd.log", 88_410), ("nvidia-bug-report.log.gz", 3_170_631))])
+    return RepairFactory(node=node, cluster=cluster, status=Status.SUCCEEDED, bundle=bundle,
+                         started_at=done - timedelta(minutes=2), finished_at=done,
+                         drain_mode="now", outcome="repaired: drained, acted, back, verified "
+                                                   "and resumed")
+
+
+def test_a_repair_shows_its_diagnostic_bundle(page, console):
+    cluster = ClusterFactory(name="cards-h200", slug="cards-h200", gpu_type="NVIDIA H200")
+    UserFactory(username="alice", role=Role.OPERATOR)
+    repair = in_a_thread(a_repair_with_its_bundle, cluster)
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(f"/c/{cluster.slug}/repair/{repair.public_id}/")
+    sign_in(page, "alice", "password")
+    card = page.locator(f"#repair-{repair.public_id}")
+    for text in ["Diagnostic bundle before repair (reboot)", "3.3 MB", "8 files",
+                 "9f2c41d6e3b0a8c4"]:
+        expect(card).to_contain_text(text)
+    expect(card.get_by_role("link", name="Download")).to_be_visible()
+    card.locator("details summary", has_text="files").click()
+    expect(card).to_contain_text("gpu-022/nvidia-bug-report.log.gz")
+    element_screenshot(card, "repair-card-with-bundle")
     assert not console.errors, str(console)
     assert_no_csp_violations(console)
