@@ -42,7 +42,12 @@ def test_the_grid_shows_a_tile_per_node_and_a_tile_opens_its_node(page, console,
     expect(page.locator(".node-grid a.tile.unhealthy")).to_have_count(2)
     # The grid may be redrawn live meanwhile (a tile detached for a moment has no box).
     expect(tiles.first).to_be_visible()
-    box = tiles.first.bounding_box()
+    box = None
+    for _ in range(50):  # a tile swapped out between the two reads has no box: read again
+        box = tiles.first.bounding_box()
+        if box is not None:
+            break
+        page.wait_for_timeout(100)
     assert box is not None and box["width"] >= 10 and box["height"] >= 10  # not collapsed
     screenshot(page, "nodes-grid")
 

@@ -108,7 +108,7 @@ def test_a_recommendation_appears_live_and_one_click_approves_it(page, console):
     running = page.locator("#repair-running").locator(f"#repair-{repair.public_id}")
     expect(running).to_be_visible()
     expect(running).to_contain_text("approved by alice")
-    expect(running.locator(".steps li")).to_have_count(5)
+    expect(running.locator(".steps li")).to_have_count(6)
     expect(running.locator(".steps li").first).to_contain_text("drain")
     expect(page.locator("#repair-awaiting")).to_contain_text("No repair awaits approval")
     expect(page.locator("#messages")).to_contain_text(f"Repair #{repair.pk} approved")
