@@ -20,6 +20,8 @@ from django.conf import settings
 from django.db.models import F, Q
 from django.utils import timezone
 
+from common.bulk_sql import insert_rows
+
 from .models import Change, FeedCursor
 
 Kind = Change.Kind
@@ -49,11 +51,16 @@ def record_change(kind, *, cluster_id, node_id=None, object_id="", now=None):
 def record_changes(kind, rows, *, now=None):
     """One change row per (cluster_id, node_id, object_id) of `rows`, in the caller's
     transaction."""
+    record_changes_of_kinds([(kind, *row) for row in rows], now=now)
+
+
+def record_changes_of_kinds(rows, *, now=None):
+    """One change row per (kind, cluster_id, node_id, object_id) of `rows`, in the caller's
+    transaction: one statement."""
     at = now or timezone.now()
-    Change.objects.bulk_create([
-        Change(kind=kind, cluster_id=cluster_id, node_id=node_id, object_id=str(object_id),
-               at=at)
-        for cluster_id, node_id, object_id in rows], batch_size=500)
+    insert_rows(Change, ("kind", "cluster", "node_id", "object_id", "at"),
+                [(kind, cluster_id, node_id, str(object_id), at)
+                 for kind, cluster_id, node_id, object_id in rows])
 
 
 def record_node_changes(kind, *, cluster_id, node_ids, now=None):

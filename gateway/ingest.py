@@ -12,19 +12,19 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count
 from django.utils import timezone
 
 from clusters.services import record_audit
+from common.bulk_sql import column, insert_rows, one_of, select, table
 from healthchecks.xid_catalog import policy_for, xid_code
 from healthchecks.gpu_lost import do_judge_inventory
-from healthchecks.models import HealthEvent
 from healthchecks.services import (
     CHECK_RUNS,
     Signal,
     do_record_check_result,
     do_record_health_event,
     do_record_signals,
+    open_event_ids,
     start_checks_after_hello,
 )
 from startup.services import config_frame_for, do_hold_for_boot_scripts, do_record_script_run
@@ -156,11 +156,12 @@ def _join(token, frame, now):
 OUTBOX_DROPPED_SIGNATURE = "agent_outbox_full"
 
 
-def severity_of(frame, gpu):
-    """An Xid's severity is NVIDIA's catalog's (DESIGN.md), whatever the agent said."""
+def severity_of(frame, gpu_name):
+    """An Xid's severity is NVIDIA's catalog's (DESIGN.md), whatever the agent said (its
+    GPU's model name, "" when unknown, picks the catalog's column)."""
     code = xid_code(frame["signature"])
     if code is not None:
-        return policy_for(code, gpu.name if gpu is not None else "").severity
+        return policy_for(code, gpu_name).severity
     return frame["severity"]
 
 
@@ -222,62 +223,78 @@ def _ingest_in_transaction(items, now, tries=3):
         return _ingest(items, now)
 
 
+def _as_uuid(value):
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(value)
+
+
 def _ingest(items, now):
     event_ids = [uuid.UUID(frame["id"]) for _, frame in items]
-    received = set(AgentEventReceipt.objects.filter(event_id__in=event_ids)
-                   .values_list("event_id", flat=True))
-    nodes = Node.objects.only("cluster_id").in_bulk({node_id for node_id, _ in items})
+    received = {_as_uuid(value) for (value,) in _select_in(
+        AgentEventReceipt, ("event_id",), event_id=event_ids)}
+    cluster_of = dict(_select_in(Node, ("id", "cluster"),
+                                 id={node_id for node_id, _ in items}))
     named = {frame["gpu_uuid"] for _, frame in items if frame.get("gpu_uuid")}
-    gpus = {(gpu.node_id, gpu.uuid): gpu for gpu in Gpu.objects.filter(
-        node_id__in=nodes, uuid__in=named).only("node_id", "uuid", "name")}
-    full = _nodes_with_open_events_full(nodes)
+    gpus = {(node_id, gpu_uuid): (gpu_id, name) for gpu_id, node_id, gpu_uuid, name in
+            _select_in(Gpu, ("id", "node", "uuid", "name"), node=cluster_of, uuid=named)
+            } if named else {}
+    open_ids = open_event_ids(cluster_of)
+    full = _nodes_with_open_events_full(open_ids)
     signals, stored = [], []
     outcomes = [EventOutcome.DUPLICATE] * len(items)
     for index, ((node_id, frame), event_id) in enumerate(zip(items, event_ids)):
         if event_id in received:
             continue
         gpu_uuid = frame.get("gpu_uuid")
-        gpu = gpus.get((node_id, gpu_uuid)) if gpu_uuid else None
+        gpu_id, gpu_name = gpus.get((node_id, gpu_uuid), (None, "")) if gpu_uuid else (None, "")
         if (node_id in full and frame.get("state") != "cleared"
-                and (gpu.pk if gpu else None, frame["signature"]) not in full[node_id]):
+                and (gpu_id, frame["signature"]) not in full[node_id]):
             outcomes[index] = EventOutcome.OPEN_EVENTS_FULL
             continue
         received.add(event_id)  # the same id twice in one batch: the second is a duplicate
         if frame.get("state") == "cleared":
-            signal = Signal(node=nodes[node_id], signature=frame["signature"], gpu=gpu,
-                            cleared=True, cleared_reason="cleared by the agent")
+            signal = Signal(node_id=node_id, cluster_id=cluster_of[node_id],
+                            signature=frame["signature"], gpu_id=gpu_id, cleared=True,
+                            cleared_reason="cleared by the agent")
         else:
             evidence = {**(frame.get("detail") or {}), "agent_ts": frame["ts"],
                         "agent_severity": frame["severity"]}
-            if gpu_uuid and gpu is None:
+            if gpu_uuid and gpu_id is None:
                 evidence["gpu_uuid"] = gpu_uuid
-            signal = Signal(node=nodes[node_id], signature=frame["signature"], gpu=gpu,
-                            severity=severity_of(frame, gpu), message=frame["message"],
+            signal = Signal(node_id=node_id, cluster_id=cluster_of[node_id],
+                            signature=frame["signature"], gpu_id=gpu_id,
+                            severity=severity_of(frame, gpu_name), message=frame["message"],
                             evidence=evidence, count=frame.get("count") or 1)
         signals.append(signal)
         stored.append((event_id, node_id))
         outcomes[index] = EventOutcome.STORED
-    touched = do_record_signals(signals, now=now)
-    receipts = [(event_id, node_id, event.pk if event is not None else None)
-                for (event_id, node_id), event in zip(stored, touched)]
+    touched = do_record_signals(signals, now=now, open_ids=open_ids)
+    receipts = [(event_id, node_id, health_event_id)
+                for (event_id, node_id), health_event_id in zip(stored, touched)]
     if len(insert_receipts(receipts, now)) < len(receipts):
         raise _ReceivedElsewhere()
     return outcomes
 
 
-def _nodes_with_open_events_full(node_ids):
+def _select_in(model, field_names, **one_of_each):
+    """The rows (field_names' values) whose fields each hold one of the values given."""
+    where, params = [], []
+    for name, values in one_of_each.items():
+        sql, values_param = one_of(model, name, values)
+        where.append(sql)
+        params += values_param
+    return select(f"SELECT {', '.join(column(model, name) for name in field_names)} "
+                  f"FROM {table(model)} WHERE {' AND '.join(where)}", params)
+
+
+def _nodes_with_open_events_full(open_ids):
     """{node_id: its open (gpu_id, signature)} of each node at CLUSTERUI_AGENT_OPEN_EVENTS_MAX
-    open events: a repeat or a clear of those is taken, a new signature is not. (Checked once
-    a batch: one batch may take a node past the cap.)"""
+    open events, of open_event_ids(): a repeat or a clear of those is taken, a new signature
+    is not. (Checked once a batch: one batch may take a node past the cap.)"""
     cap = settings.CLUSTERUI_AGENT_OPEN_EVENTS_MAX
-    open_events = HealthEvent.objects.open().filter(node_id__in=node_ids)
-    full = list(open_events.values("node_id").annotate(count=Count("id"))
-                .filter(count__gte=cap).values_list("node_id", flat=True))
-    keys = {node_id: set() for node_id in full}
-    for node_id, gpu_id, signature in open_events.filter(node_id__in=full).values_list(
-            "node_id", "gpu_id", "signature"):
+    keys = defaultdict(set)
+    for node_id, gpu_id, signature in open_ids:
         keys[node_id].add((gpu_id, signature))
-    return keys
+    return {node_id: found for node_id, found in keys.items() if len(found) >= cap}
 
 
 def event_received(event_id):
@@ -290,26 +307,11 @@ def insert_receipts(receipts, now):
     ids inserted. Of two transactions inserting one id, the second waits for the first to
     commit and then gets nothing: an event is stored once however many connections resend
     it."""
-    if not receipts:
-        return set()
-    meta = AgentEventReceipt._meta
-    quote = connection.ops.quote_name
-    event_field, received_field = meta.pk, meta.get_field("received_at")
-    received_at = received_field.get_db_prep_value(now, connection)
-    params = []
-    for event_id, node_id, health_event_id in receipts:
-        params += [event_field.get_db_prep_value(event_id, connection), node_id, received_at,
-                   health_event_id]
-    values = ", ".join(["(%s, %s, %s, %s)"] * len(receipts))
-    columns = ", ".join(quote(meta.get_field(name).column)
-                        for name in ("event_id", "node", "received_at", "health_event"))
-    sql = (f"INSERT INTO {quote(meta.db_table)} ({columns}) "
-           f"VALUES {values} ON CONFLICT ({quote(event_field.column)}) DO NOTHING "
-           f"RETURNING {quote(event_field.column)}")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return {value if isinstance(value, uuid.UUID) else uuid.UUID(value)
-                for (value,) in cursor.fetchall()}
+    rows = insert_rows(AgentEventReceipt, ("event_id", "node", "received_at", "health_event"),
+                       [(event_id, node_id, now, health_event_id)
+                        for event_id, node_id, health_event_id in receipts],
+                       returning=("event_id",), conflict_do_nothing=True)
+    return {value if isinstance(value, uuid.UUID) else uuid.UUID(value) for (value,) in rows}
 
 
 # The kinds of work an agent is sent (nodes.agent_work), in the order a hello sends them.

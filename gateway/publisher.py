@@ -30,11 +30,12 @@ from datetime import datetime, timezone as dt_timezone
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, Max
 
 from clusters.change_feed import Kind, read_changes
 from clusters.models import Cluster
+from common.bulk_sql import column, one_of, select, table, update_rows
 from common.groups import agent_group, cluster_group
 from healthchecks.slow_gpu_events import (
     GPU_MODELS_REFRESH_S,
@@ -96,22 +97,23 @@ def read_cluster_facts():
 def record_tick(seen, now, *, just_started):
     """The publisher ran at `now`; seen: {node_id: unix time of its latest frame}.
 
-    last_seen is the frame's time rounded UP to a tenth of a second: a few UPDATEs for the
-    whole fleet, and never earlier than the frame (a node is never judged silent early).
-    It is written before the publisher's own status, in one transaction: a heartbeat sweep
-    never sees this tick's time with last tick's last_seen.
+    last_seen is the frame's time rounded UP to a tenth of a second, never earlier than the
+    frame (a node is never judged silent early). It is written before the publisher's own
+    status, in one transaction: a heartbeat sweep never sees this tick's time with last
+    tick's last_seen. Three statements however many nodes were heard (common.bulk_sql): the
+    nodes' rows are held only that long, and the event writer that waits on them briefly.
     """
-    by_tenth = {}
-    for node_id, received_at in seen.items():
-        by_tenth.setdefault(math.ceil(received_at * 10), []).append(node_id)
+    rows = sorted((node_id, datetime.fromtimestamp(math.ceil(received_at * 10) / 10,
+                                                   tz=dt_timezone.utc))
+                  for node_id, received_at in seen.items())
     with transaction.atomic():
-        # The rows locked first, in id order, as every writer of many nodes does: two
-        # transactions never each hold a node the other waits for.
-        list(Node.objects.filter(pk__in=list(seen)).order_by("pk")
-             .select_for_update(no_key=True).values_list("pk", flat=True))
-        for tenth, node_ids in by_tenth.items():
-            at = datetime.fromtimestamp(tenth / 10, tz=dt_timezone.utc)
-            Node.objects.filter(pk__in=node_ids).update(last_seen=at)
+        if rows and connection.features.has_select_for_update:
+            # The rows locked first, in id order, as every writer of many nodes does: two
+            # transactions never each hold a node the other waits for.
+            where, params = one_of(Node, "id", list(seen))
+            select(f"SELECT {column(Node, 'id')} FROM {table(Node)} WHERE {where} "
+                   f"ORDER BY {column(Node, 'id')} FOR NO KEY UPDATE", params)
+        update_rows(Node, ("last_seen",), rows)
         if just_started or not PublisherStatus.objects.filter(pk=1).update(seen_at=now):
             PublisherStatus.objects.update_or_create(pk=1, defaults={"started_at": now,
                                                                      "seen_at": now})

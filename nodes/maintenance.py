@@ -73,8 +73,13 @@ def occurrence_for(node, now=None, occurrences=None):
     ask for many nodes with one read)."""
     if occurrences is None:
         occurrences = current([node.cluster_id], now)
-    for occurrence in occurrences.get(node.cluster_id, []):
-        if occurrence.covers(node.pk):
+    return covering(occurrences, node.cluster_id, node.pk)
+
+
+def covering(occurrences, cluster_id, node_id):
+    """Of current()'s occurrences, the one a node is in maintenance by, or None."""
+    for occurrence in occurrences.get(cluster_id, []):
+        if occurrence.covers(node_id):
             return occurrence
     return None
 

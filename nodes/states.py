@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from clusters.change_feed import Kind, record_changes
 from clusters.services import actor_name
+from common.bulk_sql import update_rows
 
 from .choices import NodeState
 from .models import Node, NodeTransition
@@ -86,6 +87,11 @@ def facts_for(node, now):
 
 
 HANDED_DOWN = ("open_problem", "acceptance_detail", "checks_running_for_boot", "running_repair")
+# What refresh_node_states reads of a node: facts_for's fields and the state's own.
+READ_FOR_STATE = (
+    *HANDED_DOWN, "cluster", "state", "state_reason", "state_changed_at", "paused",
+    "paused_reason", "last_hello_at", "acceptance_required", "acceptance_passed_at",
+    "joined_at", "booted_at", "boot_id", "boot_tasks_running")
 
 
 def refresh_node_state(node, *, actor=None, reason="", now=None, **facts):
@@ -116,7 +122,7 @@ def refresh_node_states(facts_of_node, *, actor=None, reasons=None, now=None):
     # error inside.
     with transaction.atomic(savepoint=False):
         nodes = (Node.objects.filter(pk__in=list(facts_of_node)).order_by("pk")
-                 .select_for_update(no_key=True))
+                 .only(*READ_FOR_STATE).select_for_update(no_key=True))
         for node in nodes:
             updates = {name: value[:255] for name, value in facts_of_node[node.pk].items()
                        if getattr(node, name) != value[:255]}
@@ -137,8 +143,9 @@ def refresh_node_states(facts_of_node, *, actor=None, reasons=None, now=None):
                 updated.append(node)
                 fields.update(updates)
         # One update for them all: each row gets its own values (the rows are locked).
-        if updated:
-            Node.objects.bulk_update(updated, sorted(fields), batch_size=500)
+        fields = sorted(fields)
+        update_rows(Node, fields, [(node.pk, *(getattr(node, name) for name in fields))
+                                   for node in updated])
         NodeTransition.objects.bulk_create(transitions, batch_size=500)
         record_changes(Kind.NODE_STATE, [(node.cluster_id, node.pk, "") for node in changed],
                        now=now)

@@ -25,6 +25,7 @@ from .events import (  # noqa: F401
     do_close_health_event,
     Signal,
     do_record_signals,
+    open_event_ids,
     NOTICE_CLOSED_REASON,
     do_acknowledge_event,
     do_resolve_event,

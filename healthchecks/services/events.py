@@ -1,19 +1,18 @@
 """Health events: passive signals from agents and the server, and operators' actions on
 them (acknowledge, resolve, silence)."""
 
-from collections import defaultdict
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.contrib.auth.base_user import AbstractBaseUser
-from django.db import IntegrityError, models, transaction
-from django.db.models import Case, F, Value, When
-from django.db.models.functions import Greatest
+from django.db import transaction
 from django.http import HttpRequest
 from django.utils import timezone
 
-from clusters.change_feed import Kind, record_change, record_changes
+from clusters.change_feed import Kind, record_change, record_changes, record_changes_of_kinds
 from clusters.services import record_audit
+from common.bulk_sql import column, insert_rows, one_of, qualified, select, table, update_rows
 from nodes import maintenance
 from nodes.models import Gpu, Node
 
@@ -37,9 +36,11 @@ def do_record_health_event(
     source=Source.PASSIVE, count=1, now: datetime | None = None,
 ) -> HealthEvent:
     """Open an event, or raise the count of the open one with the same (node, GPU, signature)."""
-    signal = Signal(node=node, signature=signature, gpu=gpu, severity=severity,
+    signal = Signal(node_id=node.pk, cluster_id=node.cluster_id, signature=signature,
+                    gpu_id=gpu.pk if gpu is not None else None, severity=severity,
                     message=message, evidence=evidence or {}, count=count)
-    return do_record_signals([signal], source=source, now=now)[0]
+    event_id = do_record_signals([signal], source=source, now=now)[0]
+    return HealthEvent.objects.select_related("node", "gpu").get(pk=event_id)
 
 
 def _close(event, *, reason, actor, now):
@@ -63,11 +64,13 @@ def do_close_health_event(event, *, reason, actor: AbstractBaseUser | None = Non
 
 @dataclass
 class Signal:
-    """One report of a (node, GPU, signature): it happened `count` times, or it cleared."""
+    """One report of a (node, GPU, signature): it happened `count` times, or it cleared.
+    Ids, not model objects: a batch of agent events builds hundreds."""
 
-    node: Node
+    node_id: int
+    cluster_id: int
     signature: str
-    gpu: Gpu | None = None
+    gpu_id: int | None = None
     severity: str = Severity.WARNING
     message: str = ""
     evidence: dict = field(default_factory=dict)
@@ -77,7 +80,7 @@ class Signal:
 
     @property
     def key(self):
-        return (self.node.pk, self.gpu.pk if self.gpu is not None else None, self.signature)
+        return (self.node_id, self.gpu_id, self.signature)
 
 
 @dataclass
@@ -90,14 +93,15 @@ class _Run:
     indexes: list
 
 
-@transaction.atomic
-def do_record_signals(signals, *, source=Source.PASSIVE,
-                      now: datetime | None = None) -> list[HealthEvent | None]:
+@transaction.atomic(savepoint=False)
+def do_record_signals(signals, *, source=Source.PASSIVE, now: datetime | None = None,
+                      open_ids=None) -> list[int | None]:
     """Signals, in order, each as one at a time would take it: a repeat counts on the open
     event of its (node, GPU, signature), else opens one; a clear closes the open one. Built
     for a batch of agent events: consecutive repeats of a key are summed, and each kind of
-    write is one query for the whole batch (round by round where a key opens and clears
+    write is one statement for the whole batch (round by round where a key opens and clears
     more than once); each node whose events opened or closed has its facts refreshed once.
+    The writes are SQL (common.bulk_sql): this runs for every batch of agent events.
 
     Safe under concurrency: the database allows one open event per (node, GPU, signature);
     a signal that loses the race to open it counts on the winner's event.
@@ -105,45 +109,68 @@ def do_record_signals(signals, *, source=Source.PASSIVE,
     A notice (healthchecks.signatures: slurmd restarted, a job's cleanup) is an event of its
     own, closed as it is recorded; a clear of one changes nothing.
 
-    Returns, per signal, the event it opened, counted on or closed (None: a clear with
-    nothing open)."""
+    `open_ids`: open_event_ids() of the signals' nodes when the caller has read them (this
+    takes them over); else they are read here.
+
+    Returns, per signal, the id of the event it opened, counted on or closed (None: a clear
+    with nothing open)."""
     now = now or timezone.now()
     notice_at = [is_notice(signal.signature) for signal in signals]
     if not any(notice_at):
-        return _record_conditions(signals, source, now)
+        return _record_conditions(signals, source, now, open_ids)
     touched = [None] * len(signals)
     notices = [i for i, signal in enumerate(signals) if notice_at[i] and not signal.cleared]
-    for i, event in zip(notices, _record_notices([signals[i] for i in notices], source, now)):
-        touched[i] = event
+    for i, event_id in zip(notices, _record_notices([signals[i] for i in notices], source, now)):
+        touched[i] = event_id
     others = [i for i in range(len(signals)) if not notice_at[i]]
-    for i, event in zip(others, _record_conditions([signals[i] for i in others], source, now)):
-        touched[i] = event
+    for i, event_id in zip(others, _record_conditions([signals[i] for i in others], source,
+                                                       now, open_ids)):
+        touched[i] = event_id
     return touched
 
 
 NOTICE_CLOSED_REASON = "a notice: recorded as it happened"
+# The columns an agent's event is inserted with (the others keep their defaults: NULL).
+_INSERTED = ("public_id", "node", "gpu", "signature", "severity", "source", "message",
+             "evidence", "first_seen", "last_seen", "count", "closed_at", "closed_reason",
+             "in_maintenance")
+
+
+def _event_row(signal, source, now, *, message, count, closed_at=None, closed_reason="",
+               in_maintenance=False):
+    return (uuid.uuid4(), signal.node_id, signal.gpu_id, signal.signature, signal.severity,
+            source, message, signal.evidence, now, now, count, closed_at, closed_reason,
+            in_maintenance)
 
 
 def _record_notices(signals, source, now):
-    """Each notice as an event of its own, closed at once (one insert)."""
-    events = HealthEvent.objects.bulk_create([
-        HealthEvent(node=signal.node, gpu=signal.gpu, signature=signal.signature,
-                    severity=signal.severity, source=source, message=signal.message,
-                    evidence=signal.evidence, first_seen=now, last_seen=now,
-                    count=signal.count, closed_at=now, closed_reason=NOTICE_CLOSED_REASON)
-        for signal in signals])
-    record_changes(Kind.HEALTH_EVENT, [(signal.node.cluster_id, event.node_id, event.pk)
-                                       for signal, event in zip(signals, events)], now=now)
-    return events
+    """Each notice as an event of its own, closed at once (one insert): their ids."""
+    # Inserted in order, ids returned in order (as the ORM's bulk_create takes them).
+    ids = [event_id for (event_id,) in insert_rows(HealthEvent, _INSERTED, [
+        _event_row(signal, source, now, message=signal.message, count=signal.count,
+                   closed_at=now, closed_reason=NOTICE_CLOSED_REASON)
+        for signal in signals], returning=("id",))]
+    record_changes(Kind.HEALTH_EVENT, [(signal.cluster_id, signal.node_id, event_id)
+                                       for signal, event_id in zip(signals, ids)], now=now)
+    return ids
 
 
-def _record_conditions(signals, source, now):
-    node_ids = {signal.node.pk for signal in signals}
-    open_events = {
-        (event.node_id, event.gpu_id, event.signature): event
-        for event in HealthEvent.objects.open().filter(node_id__in=node_ids)
-        .select_related("node").only("node_id", "gpu_id", "signature", "node__cluster_id")
-    }
+def open_event_ids(node_ids):
+    """{(node_id, gpu_id, signature): id} of the nodes' open events (one SELECT)."""
+    if not node_ids:
+        return {}
+    event = HealthEvent
+    where, params = one_of(event, "node", node_ids)
+    names = ", ".join(column(event, name) for name in ("node", "gpu", "signature", "id"))
+    return {(node_id, gpu_id, signature): event_id
+            for node_id, gpu_id, signature, event_id in select(
+                f"SELECT {names} FROM {table(event)} "
+                f"WHERE {qualified(event, 'closed_at')} IS NULL AND {where}", params)}
+
+
+def _record_conditions(signals, source, now, open_ids=None):
+    if open_ids is None:
+        open_ids = open_event_ids({signal.node_id for signal in signals})
     runs_of_key = {}
     for index, signal in enumerate(signals):
         runs = runs_of_key.setdefault(signal.key, [])
@@ -159,143 +186,112 @@ def _record_conditions(signals, source, now):
     for round_index in range(max(map(len, runs_of_key.values()), default=0)):
         this_round = [runs[round_index] for runs in runs_of_key.values()
                       if len(runs) > round_index]
-        closed = _close_runs([run for run in this_round if run.signal.cleared], open_events,
-                             now)
+        closed = _close_runs([run for run in this_round if run.signal.cleared], open_ids, now)
         counted, to_open = _count_runs(
-            [run for run in this_round if not run.signal.cleared], open_events, now)
-        opened, counted_on_winner = _open_runs(to_open, source, open_events, now)
-        for run, event in closed:
-            announced[Kind.HEALTH_EVENT].append(event)
-            refresh.setdefault(event.node_id, f"{event.signature} closed: "
-                                              f"{run.signal.cleared_reason}")
-        for run, event in opened:
-            announced[Kind.HEALTH_EVENT].append(event)
-            refresh.setdefault(event.node_id, f"{event.signature} opened")
-        for run, event in counted + counted_on_winner:
-            announced[Kind.HEALTH_REPEAT].append(event)
-        for run, event in closed + counted + opened + counted_on_winner:
+            [run for run in this_round if not run.signal.cleared], open_ids, now)
+        opened, counted_on_winner = _open_runs(to_open, source, open_ids, now)
+        for run, _ in closed:
+            refresh.setdefault(run.signal.node_id, f"{run.signal.signature} closed: "
+                                                   f"{run.signal.cleared_reason}")
+        for run, _ in opened:
+            refresh.setdefault(run.signal.node_id, f"{run.signal.signature} opened")
+        announced[Kind.HEALTH_EVENT] += closed + opened
+        announced[Kind.HEALTH_REPEAT] += counted + counted_on_winner
+        for run, event_id in closed + counted + opened + counted_on_winner:
             for index in run.indexes:
-                touched[index] = event
-    for kind, events in announced.items():
-        record_changes(kind, [(event.node.cluster_id, event.node_id, event.pk)
-                              for event in events], now=now)
+                touched[index] = event_id
+    record_changes_of_kinds([(kind, run.signal.cluster_id, run.signal.node_id, event_id)
+                             for kind, pairs in announced.items() for run, event_id in pairs],
+                            now=now)
     if refresh:
         refresh_health_facts_of(refresh, now=now)
     return touched
 
 
-def _close_runs(runs, open_events, now):
-    """[(run, event)] of the clears that closed an open event, in one update per reason."""
+def _close_runs(runs, open_ids, now):
+    """[(run, event id)] of the clears that closed an open event, in one update per reason."""
     by_reason = {}
     for run in runs:
-        event = open_events.pop(run.signal.key, None)
-        if event is not None:
-            by_reason.setdefault(run.signal.cleared_reason, []).append((run, event))
+        event_id = open_ids.pop(run.signal.key, None)
+        if event_id is not None:
+            by_reason.setdefault(run.signal.cleared_reason, []).append((run, event_id))
     closed = []
     for reason, pairs in by_reason.items():
-        ids = [event.pk for _, event in pairs]
-        updated = HealthEvent.objects.filter(pk__in=ids, closed_at__isnull=True).update(
-            closed_at=now, closed_reason=reason[:255])
-        if updated < len(ids):  # some closed since they were read: not by this clear
-            ids = set(HealthEvent.objects.filter(pk__in=ids, closed_at=now,
-                                                 closed_reason=reason[:255])
-                      .values_list("pk", flat=True))
-        closed += [(run, event) for run, event in pairs if event.pk in ids]
+        # Only those still open: one an operator or a sweep closed meanwhile is not this one's.
+        ids = set(update_rows(
+            HealthEvent, ("closed_at", "closed_reason"),
+            [(event_id, now, reason[:255]) for _, event_id in pairs],
+            where=f"{qualified(HealthEvent, 'closed_at')} IS NULL", returning=True))
+        closed += [(run, event_id) for run, event_id in pairs if event_id in ids]
     return closed
 
 
-def _count_runs(runs, open_events, now):
-    """Count the runs on their keys' open events in one update: ([(run, event)] counted,
+# How a run's count, time and message go onto its open event.
+COUNTED_ON = {
+    "count": "{old} + {new}",
+    "last_seen": "CASE WHEN {old} > {new} THEN {old} ELSE {new} END",
+    "message": "CASE WHEN {new} = '' THEN {old} ELSE {new} END",
+}
+
+
+def _count_runs(runs, open_ids, now):
+    """Count the runs on their keys' open events in one update: ([(run, event id)] counted,
     [run] whose key has no open event, or whose event closed meanwhile)."""
-    on_open = [(run, open_events[run.signal.key]) for run in runs
-               if run.signal.key in open_events]
-    to_open = [run for run in runs if run.signal.key not in open_events]
+    on_open = [(run, open_ids[run.signal.key]) for run in runs if run.signal.key in open_ids]
+    to_open = [run for run in runs if run.signal.key not in open_ids]
     if not on_open:
         return [], to_open
-    ids = [event.pk for _, event in on_open]
-    # One WHEN per distinct count and per distinct message, not per event: Django takes
-    # longer to build a CASE of 500 WHENs than PostgreSQL takes to run it.
-    by_count, by_message = defaultdict(list), defaultdict(list)
-    for run, event in on_open:
-        by_count[run.count].append(event.pk)
-        if run.message:
-            by_message[run.message].append(event.pk)
-    changes = {
-        "count": F("count") + Case(*[When(pk__in=pks, then=Value(count))
-                                     for count, pks in by_count.items()],
-                                   output_field=models.IntegerField()),
-        "last_seen": Greatest("last_seen", Value(now)),
-    }
-    if by_message:
-        changes["message"] = Case(*[When(pk__in=pks, then=Value(message))
-                                    for message, pks in by_message.items()],
-                                  default=F("message"))
-    updated = HealthEvent.objects.filter(pk__in=ids, closed_at__isnull=True).update(**changes)
-    if updated == len(ids):
-        return on_open, to_open
-    # Some closed since they were read (an operator, a sweep): those open a new event.
-    still_open = set(HealthEvent.objects.open().filter(pk__in=ids).values_list("pk", flat=True))
-    for run, event in on_open:
-        if event.pk not in still_open:
-            open_events.pop(run.signal.key)
+    still_open = set(update_rows(
+        HealthEvent, ("count", "last_seen", "message"),
+        [(event_id, run.count, now, run.message) for run, event_id in on_open],
+        combine=COUNTED_ON, where=f"{qualified(HealthEvent, 'closed_at')} IS NULL",
+        returning=True))
+    # One closed since it was read (an operator, a sweep): its run opens a new event.
+    for run, event_id in on_open:
+        if event_id not in still_open:
+            open_ids.pop(run.signal.key)
             to_open.append(run)
-    return [(run, event) for run, event in on_open if event.pk in still_open], to_open
+    return [(run, event_id) for run, event_id in on_open if event_id in still_open], to_open
 
 
-def _open_runs(runs, source, open_events, now):
-    """Open an event per run, in one insert: ([(run, event)] opened, [(run, event)] counted
-    on an event another writer opened first)."""
-    if not runs:
-        return [], []
-    windows = maintenance.current({run.signal.node.cluster_id for run in runs}, now)
-    new = [HealthEvent(node=run.signal.node, gpu=run.signal.gpu, signature=run.signal.signature,
-                       severity=run.signal.severity, source=source, message=run.message,
-                       evidence=run.signal.evidence, first_seen=now, last_seen=now,
-                       count=run.count, in_maintenance=maintenance.occurrence_for(
-                           run.signal.node, occurrences=windows) is not None)
-           for run in runs]
-    try:
-        with transaction.atomic():
-            events = HealthEvent.objects.bulk_create(new)
-    except IntegrityError:  # one of them was opened a moment ago elsewhere: one at a time
-        return _open_runs_one_by_one(runs, source, open_events, now)
-    opened = list(zip(runs, events))
-    for run, event in opened:
-        open_events[run.signal.key] = event
-    return opened, []
+OPEN_TRIES = 3
 
 
-def _open_runs_one_by_one(runs, source, open_events, now):
+def _open_runs(runs, source, open_ids, now):
+    """Open an event per run, in one insert: ([(run, event id)] opened, [(run, event id)]
+    counted on an event another writer opened first)."""
     opened, counted = [], []
-    for run in runs:
-        signal = run.signal
-        same = HealthEvent.objects.open().filter(node=signal.node, gpu=signal.gpu,
-                                                 signature=signal.signature)
-        for _ in range(2):
-            event = same.select_related("node").first()
-            if event is not None:
-                done, _ = _count_runs([run], {signal.key: event}, now)
-                if done:
-                    counted.append((run, event))
-                    break
-                continue
-            try:
-                with transaction.atomic():
-                    event = HealthEvent.objects.create(
-                        node=signal.node, gpu=signal.gpu, signature=signal.signature,
-                        severity=signal.severity, source=source, message=run.message,
-                        evidence=signal.evidence, first_seen=now, last_seen=now,
-                        count=run.count, in_maintenance=maintenance.occurrence_for(
-                            signal.node, now) is not None)
-            except IntegrityError:
-                continue  # opened a moment ago by another writer: count on that one
-            opened.append((run, event))
-            break
-        else:
-            raise RuntimeError(f"cannot record {signal.signature} on {signal.node}: the open "
-                               f"event keeps changing")
-        open_events[signal.key] = event
-    return opened, counted
+    for _ in range(OPEN_TRIES):
+        if not runs:
+            return opened, counted
+        windows = maintenance.current({run.signal.cluster_id for run in runs}, now)
+        rows = insert_rows(HealthEvent, _INSERTED, [
+            _event_row(run.signal, source, now, message=run.message, count=run.count,
+                       in_maintenance=maintenance.covering(
+                           windows, run.signal.cluster_id, run.signal.node_id) is not None)
+            for run in runs], returning=("id", "node", "gpu", "signature"),
+            conflict_do_nothing=True)
+        inserted = {(node_id, gpu_id, signature): event_id
+                    for event_id, node_id, gpu_id, signature in rows}
+        lost = []
+        for run in runs:
+            event_id = inserted.get(run.signal.key)
+            if event_id is None:
+                lost.append(run)
+            else:
+                open_ids[run.signal.key] = event_id
+                opened.append((run, event_id))
+        if not lost:
+            return opened, counted
+        # Another writer opened these a moment ago: count on its events (or, if those closed
+        # already, open again).
+        open_ids.update({key: event_id for key, event_id in open_event_ids(
+            {run.signal.node_id for run in lost}).items()
+            if key in {run.signal.key for run in lost}})
+        counted_now, runs = _count_runs(lost, open_ids, now)
+        counted += counted_now
+    raise RuntimeError(f"cannot record {runs[0].signal.signature} on node "
+                       f"{runs[0].signal.node_id}: the open event keeps changing")
 
 
 @transaction.atomic

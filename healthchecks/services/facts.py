@@ -2,10 +2,12 @@
 down to the node with refresh_node_states in the transaction that changed them."""
 
 
+from django.db import connection
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from nodes.models import Node
+from common.bulk_sql import column, one_of, select, table
+from nodes.models import Gpu, Node
 from nodes.states import refresh_node_states
 
 from ..check_catalog import ACCEPTANCE_CHECKS
@@ -19,32 +21,65 @@ def open_problem_events(node, now):
     return open_problem_events_of([node.pk], now)[node.pk]
 
 
-def open_problem_events_of(node_ids, now):
-    """open_problem_events() of many nodes in one query: {node_id: [event, ...]}."""
+def _open_problems(node_ids, now):
+    """The nodes' open warning/critical events, less signatures an operator silenced,
+    critical before warning, then oldest first."""
     silenced = Silence.objects.active(now).filter(node=OuterRef("node"),
                                                   signature=OuterRef("signature"))
-    events = {node_id: [] for node_id in node_ids}
     # "critical" sorts before "warning".
-    for event in (HealthEvent.objects.open()
-                  .filter(node_id__in=list(node_ids), severity__in=NODE_AFFECTING)
-                  .exclude(Exists(silenced))
-                  .select_related("gpu")
-                  .order_by("severity", "first_seen", "id")):
+    return (HealthEvent.objects.open()
+            .filter(node_id__in=list(node_ids), severity__in=NODE_AFFECTING)
+            .exclude(Exists(silenced))
+            .order_by("severity", "first_seen", "id"))
+
+
+def open_problem_events_of(node_ids, now):
+    """open_problem_events() of many nodes in one query: {node_id: [event, ...]}."""
+    events = {node_id: [] for node_id in node_ids}
+    for event in _open_problems(node_ids, now).select_related("gpu"):
         events[event.node_id].append(event)
     return events
 
 
-def describe_open_problems(events):
-    """'xid:79 on GPU 3 (+1 more)' for a node's open warning/critical events, worst first."""
-    if not events:
+def describe_open_problems(problems):
+    """'xid:79 on GPU 3 (+1 more)' for a node's open problems, [(signature, GPU index or
+    None)], worst first."""
+    if not problems:
         return ""
-    worst = events[0]
-    text = worst.signature
-    if worst.gpu is not None:
-        text += f" on GPU {worst.gpu.index}"
-    if len(events) > 1:
-        text += f" (+{len(events) - 1} more)"
+    signature, gpu_index = problems[0]
+    text = signature
+    if gpu_index is not None:
+        text += f" on GPU {gpu_index}"
+    if len(problems) > 1:
+        text += f" (+{len(problems) - 1} more)"
     return text
+
+
+def open_problems_described(node_ids, now):
+    """describe_open_problems() of each node, from one read of signatures and GPU indexes
+    (SQL: it runs for every batch of agent events)."""
+    problems = {node_id: [] for node_id in node_ids}
+    if not problems:
+        return {}
+    event, gpu, silence = (table(model) for model in (HealthEvent, Gpu, Silence))
+    e = {name: f"e.{column(HealthEvent, name)}" for name in (
+        "id", "node", "gpu", "signature", "severity", "first_seen", "closed_at")}
+    s = {name: f"s.{column(Silence, name)}" for name in ("node", "signature", "until")}
+    nodes, node_params = one_of(HealthEvent, "node", problems, alias="e")
+    affecting = ", ".join(["%s"] * len(NODE_AFFECTING))
+    until = Silence._meta.get_field("until").get_db_prep_value(now, connection)
+    rows = select(
+        f"SELECT {e['node']}, {e['signature']}, g.{column(Gpu, 'index')} FROM {event} e "
+        f"LEFT JOIN {gpu} g ON g.{column(Gpu, 'id')} = {e['gpu']} "
+        f"WHERE {e['closed_at']} IS NULL AND {nodes} AND {e['severity']} IN ({affecting}) "
+        f"AND NOT EXISTS (SELECT 1 FROM {silence} s WHERE {s['node']} = {e['node']} "
+        f"AND {s['signature']} = {e['signature']} AND {s['until']} > %s) "
+        # "critical" sorts before "warning".
+        f"ORDER BY {e['severity']}, {e['first_seen']}, {e['id']}",
+        [*node_params, *NODE_AFFECTING, until])
+    for node_id, signature, gpu_index in rows:
+        problems[node_id].append((signature, gpu_index))
+    return {node_id: describe_open_problems(found) for node_id, found in problems.items()}
 
 
 def acceptance_detail(node):
@@ -60,22 +95,32 @@ def acceptance_detail(node):
 
 
 def health_facts_of(node_ids, now):
-    """The facts this app owns (nodes.states.HANDED_DOWN) of each node: {node_id: facts}."""
-    nodes = Node.objects.only("acceptance_required", "joined_at", "boot_id").in_bulk(
-        list(node_ids))
-    problems = open_problem_events_of(nodes, now)
-    checks_running = set(
-        CheckRun.objects.unfinished()
-        .filter(node_id__in=list(nodes), purpose=CheckRun.Purpose.AFTER_REBOOT)
-        .values_list("node_id", "boot_id"))
+    """The facts this app owns (nodes.states.HANDED_DOWN) of each node: {node_id: facts}.
+    SQL for the reads every batch of agent events makes."""
+    node_ids = list(node_ids)
+    if not node_ids:
+        return {}
+    where, params = one_of(Node, "id", node_ids)
+    nodes = select(f"SELECT {column(Node, 'id')}, {column(Node, 'acceptance_required')}, "
+                   f"{column(Node, 'boot_id')} FROM {table(Node)} WHERE {where}", params)
+    accepting = {node.pk: node for node in Node.objects.filter(
+        pk__in=[node_id for node_id, required, _ in nodes if required])}
+    problems = open_problems_described([node_id for node_id, _, _ in nodes], now)
+    where, params = one_of(CheckRun, "node", node_ids)
+    unfinished = ", ".join(["%s"] * len(CheckRun.UNFINISHED))
+    checks_running = set(select(
+        f"SELECT {column(CheckRun, 'node')}, {column(CheckRun, 'boot_id')} "
+        f"FROM {table(CheckRun)} WHERE {where} AND {column(CheckRun, 'purpose')} = %s "
+        f"AND {column(CheckRun, 'status')} IN ({unfinished})",
+        [*params, CheckRun.Purpose.AFTER_REBOOT, *CheckRun.UNFINISHED]))
     return {
-        node.pk: {
-            "open_problem": describe_open_problems(problems[node.pk]),
-            "acceptance_detail": acceptance_detail(node) if node.acceptance_required else "",
-            "checks_running_for_boot": (node.boot_id if (node.pk, node.boot_id) in checks_running
-                                        else ""),
+        node_id: {
+            "open_problem": problems[node_id],
+            "acceptance_detail": (acceptance_detail(accepting[node_id]) if node_id in accepting
+                                  else ""),
+            "checks_running_for_boot": boot_id if (node_id, boot_id) in checks_running else "",
         }
-        for node in nodes.values()
+        for node_id, _, boot_id in nodes
     }
 
 
