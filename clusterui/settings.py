@@ -414,18 +414,20 @@ else:
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "visibility_timeout": envint("CELERY_VISIBILITY_TIMEOUT_S", 1200)}
 
-# Four queues (DESIGN.md "Data flow"): the periodic sweeps (heartbeats, node states, due
+# Five queues (DESIGN.md "Data flow"): the periodic sweeps (heartbeats, node states, due
 # repair steps, deadlines) on their own, so they never wait behind other work; the
-# providers' long commands (a reprovision may run 10 minutes) on another; sending
-# notifications (a slow receiver) on a third; everything else on the default. A worker
-# started without -Q takes them all; a deployment runs one worker per queue (README
-# "Running it in production").
+# recommender's tick and sweep on theirs, so a storm's notifications never delay a
+# recommendation; the providers' long commands (a reprovision may run 10 minutes) on
+# another; sending notifications (a slow receiver) on another; everything else (the
+# notifier's tick, repair steps) on the default. A worker started without -Q takes them
+# all; a deployment runs one worker per queue (README "Running it in production").
 CELERY_TASK_DEFAULT_QUEUE = "celery"
 SWEEPS_QUEUE = "sweeps"
+RECOMMEND_QUEUE = "recommend"
 PROVIDER_QUEUE = "provider"
 NOTIFY_QUEUE = "notify"
 CELERY_TASK_QUEUES = {name: {} for name in (CELERY_TASK_DEFAULT_QUEUE, SWEEPS_QUEUE,
-                                            PROVIDER_QUEUE, NOTIFY_QUEUE)}
+                                            RECOMMEND_QUEUE, PROVIDER_QUEUE, NOTIFY_QUEUE)}
 CELERY_TASK_ROUTES = {name: {"queue": SWEEPS_QUEUE} for name in (
     "healthchecks.tasks.sweep_heartbeats",
     "nodes.tasks.refresh_due_node_states",
@@ -434,6 +436,9 @@ CELERY_TASK_ROUTES = {name: {"queue": SWEEPS_QUEUE} for name in (
     "healthchecks.tasks.expire_check_runs",
     "nodes.tasks.expire_commands",
     "repairs.tasks.advance_repairs",
+)} | {name: {"queue": RECOMMEND_QUEUE} for name in (
+    "repairs.tasks.recommend_from_changes",
+    "repairs.tasks.sweep_recommendations",
 )} | {"notifications.tasks.deliver": {"queue": NOTIFY_QUEUE}}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

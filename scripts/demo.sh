@@ -116,11 +116,12 @@ trap 'stop_all 143' TERM
 trap '[ "$stopping" -eq 1 ] || [ "${#pids[@]}" -eq 0 ] || stop_all 1' EXIT
 
 # One worker for the periodic sweeps (heartbeats, node states, due repair steps) alone, so
-# that they never wait behind other work; one for the rest (clusterui/settings.py's queues).
+# that they never wait behind other work; one for the rest (clusterui/settings.py's queues;
+# production gives the recommender a worker of its own too).
 start sweeps "$PY" -m celery -A clusterui worker --loglevel=WARNING --concurrency=1 \
     --queues sweeps --hostname "sweeps@%h"
 start worker "$PY" -m celery -A clusterui worker --loglevel=WARNING --concurrency=1 \
-    --queues celery,provider,notify --hostname "worker@%h"
+    --queues celery,recommend,provider,notify --hostname "worker@%h"
 start beat "$PY" -m celery -A clusterui beat --loglevel=WARNING \
     --schedule "$DATA_DIR/celerybeat-schedule"
 # The notification receiver the seeded channel "demo receiver" posts its signed webhooks to.

@@ -66,8 +66,8 @@ log = ingest.log
 percentile = ingest.percentile
 SLUG = "bench"  # bench/ingest/fleet.py's cluster
 SIGNATURES = ("thermal_throttle", "hw_slowdown", "power_brake")
-QUEUES = ("celery", "sweeps", "provider")
-WORKERS = ("server", "worker", "sweeps")
+QUEUES = ("celery", "sweeps", "recommend", "provider", "notify")
+WORKERS = ("server", "worker", "sweeps", "recommend")
 PACE_EVERY_S = 0.005
 CONNECT_TIMEOUT_S = 10.0  # websockets' default open timeout, as the agent connects
 ACK_GRACE_S = 3.0  # after a step: acks still in flight count for it
@@ -102,6 +102,11 @@ class StormAgent(loadgen.Agent):
                     self.tracker.errors[frame.get("code")] += 1
                 elif kind == "command":
                     self.commands.append((now, frame))
+                    if frame.get("action") == "collect_bundle":
+                        # As an agent that cannot collect one: the repair goes on without it.
+                        self.send_now(json.dumps(protocol.command_result_frame(
+                            command_id=frame["id"], status="failed",
+                            message="the bench's agent collects no diagnostic bundle")))
         except loadgen.ConnectionClosed:
             pass
 
@@ -248,10 +253,14 @@ class Processes:
         self.workdir = workdir
         specs = {
             "server": (0, server_argv(server, self.port)),
-            # As README.md runs them: the sweeps alone, the rest on the other.
+            # As README.md runs them: the sweeps alone, the recommender alone, the rest on
+            # the other.
             "sweeps": (1, [PY, "-m", "celery", "-A", "clusterui", "worker", "--loglevel=WARNING",
                            "--concurrency=1", "--queues", "sweeps",
                            "--hostname", "bench-sweeps@%h"]),
+            "recommend": (1, [PY, "-m", "celery", "-A", "clusterui", "worker",
+                              "--loglevel=WARNING", "--concurrency=1", "--queues", "recommend",
+                              "--hostname", "bench-recommend@%h"]),
             "worker": (1, [PY, "-m", "celery", "-A", "clusterui", "worker", "--loglevel=WARNING",
                            "--concurrency=1", "--queues", "celery,provider,notify",
                            "--hostname", "bench-worker@%h"]),
@@ -392,6 +401,7 @@ async def measure_rate(rate, args, pacer, processes, queue_depth):
         "server_cpu_pct": round(100 * (cpu1["server"] - cpu0["server"]) / (t1 - t0)),
         "worker_cpu_pct": round(100 * (cpu1["worker"] - cpu0["worker"]) / (t1 - t0)),
         "sweeps_cpu_pct": round(100 * (cpu1["sweeps"] - cpu0["sweeps"]) / (t1 - t0)),
+        "recommend_cpu_pct": round(100 * (cpu1["recommend"] - cpu0["recommend"]) / (t1 - t0)),
         "load": round(os.getloadavg()[0], 2),
     }
 
@@ -568,18 +578,19 @@ def step_line(s):
             f"ack p50 {s['ack_p50_ms']} ms p99 {s['ack_p99_ms']} ms max {s['ack_max_ms']} ms, "
             f"deepest queue {s['deepest_queue']}, errors {s['errors']}, "
             f"server {s['server_cpu_pct']} % worker {s['worker_cpu_pct']} % sweeps "
-            f"{s['sweeps_cpu_pct']} %, load {s['load']}")
+            f"{s['sweeps_cpu_pct']} % recommender {s['recommend_cpu_pct']} %, load {s['load']}")
 
 
 def table(steps):
     lines = ["| events/s | acked/offered | ack p50 | ack p99 | deepest queue | server CPU | "
-             "worker CPU | sweeps CPU |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "worker CPU | sweeps CPU | recommender CPU |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in steps:
         deepest = max(s["deepest_queue"].values(), default=0)
         lines.append(f"| {s['rate']} | {s['acked']}/{s['offered']} ({s['acked_pct']} %) | "
                      f"{s['ack_p50_ms']} ms | {s['ack_p99_ms']} ms | {deepest} | "
                      f"{s['server_cpu_pct']} % | {s['worker_cpu_pct']} % | "
-                     f"{s['sweeps_cpu_pct']} % |")
+                     f"{s['sweeps_cpu_pct']} % | {s['recommend_cpu_pct']} % |")
     return "\n".join(lines)
 
 

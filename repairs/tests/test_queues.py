@@ -1,5 +1,6 @@
 """The Celery queues (clusterui/settings.py): the periodic sweeps have a queue of their own,
-the providers' long commands another, so neither waits behind other work."""
+the recommender another, the providers' long commands another, so none waits behind other
+work."""
 
 import pytest
 from django.conf import settings
@@ -14,6 +15,7 @@ SWEEPS = {"healthchecks.tasks.sweep_heartbeats", "nodes.tasks.refresh_due_node_s
           "startup.tasks.end_overdue_boot_holds", "healthchecks.tasks.sweep_health_events",
           "healthchecks.tasks.expire_check_runs", "nodes.tasks.expire_commands",
           "repairs.tasks.advance_repairs"}
+RECOMMENDER = {"repairs.tasks.recommend_from_changes", "repairs.tasks.sweep_recommendations"}
 
 
 def queue_of(task, **options):
@@ -22,13 +24,20 @@ def queue_of(task, **options):
 
 def test_every_sweep_of_the_beat_runs_on_the_sweeps_queue_and_the_rest_on_the_default():
     beat = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
-    assert SWEEPS <= beat
+    assert SWEEPS <= beat and RECOMMENDER <= beat
     for task in beat:
-        assert queue_of(task) == ("sweeps" if task in SWEEPS else "celery"), task
+        expected = ("sweeps" if task in SWEEPS else "recommend" if task in RECOMMENDER
+                    else "celery")
+        assert queue_of(task) == expected, task
 
 
-def test_a_worker_without_queues_named_takes_all_four():
-    assert sorted(app.amqp.queues) == ["celery", "notify", "provider", "sweeps"]
+def test_the_notifiers_tick_cannot_hold_up_the_recommender():
+    assert queue_of("notifications.tasks.notify") != queue_of(
+        "repairs.tasks.recommend_from_changes")
+
+
+def test_a_worker_without_queues_named_takes_all_five():
+    assert sorted(app.amqp.queues) == ["celery", "notify", "provider", "recommend", "sweeps"]
 
 
 @pytest.mark.parametrize("kind, action, queue", [
