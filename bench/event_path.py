@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "clusterui.settings")
 
-SIGNATURES = ("thermal_throttle", "hw_slowdown", "power_brake")  # bench/storm's
+from bench.storm.run import next_storm_key  # noqa: E402 - the storm bench's mix
 
 
 class NodeEvents:
@@ -38,17 +38,8 @@ class NodeEvents:
         self.open = []
 
     def next_frame(self, rng, new_share, clear_share):
-        free = [(i, s) for i in range(len(self.gpu_uuids)) for s in SIGNATURES
-                if (i, s) not in self.open]
-        draw = rng.random()
-        if self.open and draw < clear_share:
-            key, state = self.open.pop(rng.randrange(len(self.open))), "cleared"
-        elif free and (not self.open or draw < clear_share + new_share):
-            key, state = rng.choice(free), "active"
-            self.open.append(key)
-        else:
-            key, state = rng.choice(self.open), "active"
-        index, signature = key
+        (index, signature), state = next_storm_key(self.open, len(self.gpu_uuids), rng,
+                                                   new_share, clear_share)
         return {"type": "event", "id": str(uuid.uuid4()), "ts": time.time(),
                 "signature": signature, "gpu_uuid": self.gpu_uuids[index],
                 "severity": "warning", "message": f"bench/event_path: {signature}",

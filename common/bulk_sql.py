@@ -1,6 +1,6 @@
 """Many rows in one statement with one parameter: for the paths that run per batch of agent
-events or per hello, where building the ORM's expressions, and psycopg's parsing of a
-statement with thousands of placeholders, cost more than the database's work.
+events or per hello. There, building the ORM's expressions, and psycopg's parsing of a
+statement with a `%s` for every value, cost more than the database's work.
 
 The rows travel as one JSON document, and the statement's text depends only on the
 columns, so drivers and databases see the same statement again. PostgreSQL reads the

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from django.db import connection
 from django.utils import timezone
 
+from common.bulk_sql import column, table
 from nodes.inventory import hello_digest
 from nodes.models import AgentToken, Gpu, Node
 from nodes.services import hash_token
@@ -36,17 +37,9 @@ class KnownHello:
     config: dict  # the config frame that follows the welcome
 
 
-def _table(model):
-    return connection.ops.quote_name(model._meta.db_table)
-
-
-def _column(model, field):
-    return connection.ops.quote_name(model._meta.get_field(field).column)
-
-
 def _usable_token_sql(alias):
     """SQL true for a usable AgentToken row `alias` (AgentToken.objects.usable); %s: now."""
-    revoked, expires = (f"{alias}.{_column(AgentToken, name)}"
+    revoked, expires = (f"{alias}.{column(AgentToken, name)}"
                         for name in ("revoked_at", "expires_at"))
     return f"{revoked} IS NULL AND ({expires} IS NULL OR {expires} > %s)"
 
@@ -60,11 +53,11 @@ def authenticate(plaintext, now=None):
     if not plaintext:
         return None
     now = now or timezone.now()
-    columns = ", ".join(f"t.{_column(AgentToken, name)}"
+    columns = ", ".join(f"t.{column(AgentToken, name)}"
                         for name in ("id", "kind", "cluster", "node"))
-    sql = (f"SELECT {columns}, n.{_column(Node, 'name')} FROM {_table(AgentToken)} t "
-           f"LEFT JOIN {_table(Node)} n ON n.id = t.{_column(AgentToken, 'node')} "
-           f"WHERE t.{_column(AgentToken, 'token_hash')} = %s AND {_usable_token_sql('t')}")
+    sql = (f"SELECT {columns}, n.{column(Node, 'name')} FROM {table(AgentToken)} t "
+           f"LEFT JOIN {table(Node)} n ON n.id = t.{column(AgentToken, 'node')} "
+           f"WHERE t.{column(AgentToken, 'token_hash')} = %s AND {_usable_token_sql('t')}")
     with connection.cursor() as cursor:
         cursor.execute(sql, [hash_token(plaintext), _datetime(now)])
         row = cursor.fetchone()
@@ -80,9 +73,9 @@ def _unfinished_work_sql():
     for kind in WORK_KINDS.values():
         marks = ", ".join(["%s"] * len(kind.unfinished))
         clauses.append(
-            f"EXISTS (SELECT 1 FROM {_table(kind.model)} w "
-            f"WHERE w.{_column(kind.model, 'node')} = n.id "
-            f"AND w.{_column(kind.model, 'status')} IN ({marks}))")
+            f"EXISTS (SELECT 1 FROM {table(kind.model)} w "
+            f"WHERE w.{column(kind.model, 'node')} = n.id "
+            f"AND w.{column(kind.model, 'status')} IN ({marks}))")
         params += list(kind.unfinished)
     return " OR ".join(clauses), params
 
@@ -96,21 +89,21 @@ def welcome_known_node(grant, frame, now=None):
     at = _datetime(now)
     digest = hello_digest(agent_version=frame["agent_version"], gpus=frame["gpus"],
                           slurm=frame.get("slurm"))
-    node = {name: _column(Node, name) for name in (
+    node = {name: column(Node, name) for name in (
         "name", "boot_id", "hello_digest", "state", "acceptance_required",
         "acceptance_passed_at", "joined_at", "last_hello_at", "last_seen", "cluster", "role")}
-    token = {name: _column(AgentToken, name) for name in ("id", "node")}
-    gpu = {name: _column(Gpu, name) for name in ("node", "removed_at", "missing_since")}
+    token = {name: column(AgentToken, name) for name in ("id", "node")}
+    gpu = {name: column(Gpu, name) for name in ("node", "removed_at", "missing_since")}
     work, work_params = _unfinished_work_sql()
     sql = (
-        f"UPDATE {_table(Node)} AS n SET {node['last_hello_at']} = %s, {node['last_seen']} = %s "
+        f"UPDATE {table(Node)} AS n SET {node['last_hello_at']} = %s, {node['last_seen']} = %s "
         f"WHERE n.id = %s AND n.{node['name']} = %s AND n.{node['boot_id']} = %s "
         f"AND n.{node['hello_digest']} = %s AND n.{node['state']} <> '' "
         f"AND NOT (n.{node['acceptance_required']} AND (n.{node['acceptance_passed_at']} IS NULL "
         f"OR n.{node['acceptance_passed_at']} < n.{node['joined_at']})) "
-        f"AND EXISTS (SELECT 1 FROM {_table(AgentToken)} t WHERE t.{token['id']} = %s "
+        f"AND EXISTS (SELECT 1 FROM {table(AgentToken)} t WHERE t.{token['id']} = %s "
         f"AND t.{token['node']} = n.id AND {_usable_token_sql('t')}) "
-        f"AND NOT EXISTS (SELECT 1 FROM {_table(Gpu)} g WHERE g.{gpu['node']} = n.id "
+        f"AND NOT EXISTS (SELECT 1 FROM {table(Gpu)} g WHERE g.{gpu['node']} = n.id "
         f"AND g.{gpu['removed_at']} IS NULL AND g.{gpu['missing_since']} IS NOT NULL) "
         f"AND NOT ({work}) "
         # Unqualified: SQLite's RETURNING does not know the table's alias.

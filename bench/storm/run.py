@@ -73,6 +73,20 @@ CONNECT_TIMEOUT_S = 10.0  # websockets' default open timeout, as the agent conne
 ACK_GRACE_S = 3.0  # after a step: acks still in flight count for it
 
 
+def next_storm_key(open_keys, gpu_count, rng, new_share, clear_share):
+    """The storm's next event of a node: ((GPU index, signature), "active" or "cleared").
+    `open_keys`, the node's open (index, signature) keys, is kept up to date here."""
+    free = [(i, s) for i in range(gpu_count) for s in SIGNATURES if (i, s) not in open_keys]
+    draw = rng.random()
+    if open_keys and draw < clear_share:
+        return open_keys.pop(rng.randrange(len(open_keys))), "cleared"
+    if free and (not open_keys or draw < clear_share + new_share):
+        key = rng.choice(free)
+        open_keys.append(key)
+        return key, "active"
+    return rng.choice(open_keys), "active"
+
+
 class StormAgent(loadgen.Agent):
     """A simulated agent that also sends events and notes what the server answers."""
 
@@ -118,16 +132,8 @@ class StormAgent(loadgen.Agent):
 
     def storm_event(self, rng, new_share, clear_share):
         gpus = self.backend.gpus()
-        free = [(i, s) for i in range(len(gpus)) for s in SIGNATURES if (i, s) not in self.open]
-        draw = rng.random()
-        if self.open and draw < clear_share:
-            key, state = self.open.pop(rng.randrange(len(self.open))), "cleared"
-        elif free and (not self.open or draw < clear_share + new_share):
-            key, state = rng.choice(free), "active"
-            self.open.append(key)
-        else:
-            key, state = rng.choice(self.open), "active"
-        index, signature = key
+        (index, signature), state = next_storm_key(self.open, len(gpus), rng, new_share,
+                                                   clear_share)
         return protocol.event_frame(signature=signature, severity="warning",
                                     message=f"bench/storm: {signature}",
                                     gpu_uuid=gpus[index]["uuid"],

@@ -3,7 +3,6 @@ down to the node with refresh_node_states in the transaction that changed them."
 
 
 from django.db import connection
-from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from common.bulk_sql import column, one_of, select, table
@@ -21,23 +20,13 @@ def open_problem_events(node, now):
     return open_problem_events_of([node.pk], now)[node.pk]
 
 
-def _open_problems(node_ids, now):
-    """The nodes' open warning/critical events, less signatures an operator silenced,
-    critical before warning, then oldest first."""
-    silenced = Silence.objects.active(now).filter(node=OuterRef("node"),
-                                                  signature=OuterRef("signature"))
-    # "critical" sorts before "warning".
-    return (HealthEvent.objects.open()
-            .filter(node_id__in=list(node_ids), severity__in=NODE_AFFECTING)
-            .exclude(Exists(silenced))
-            .order_by("severity", "first_seen", "id"))
-
-
 def open_problem_events_of(node_ids, now):
-    """open_problem_events() of many nodes in one query: {node_id: [event, ...]}."""
+    """open_problem_events() of many nodes in two queries: {node_id: [event, ...]}."""
+    rows = _open_problem_rows(node_ids, now)
+    found = HealthEvent.objects.select_related("gpu").in_bulk([row[0] for row in rows])
     events = {node_id: [] for node_id in node_ids}
-    for event in _open_problems(node_ids, now).select_related("gpu"):
-        events[event.node_id].append(event)
+    for event_id, node_id, _, _ in rows:
+        events[node_id].append(found[event_id])
     return events
 
 
@@ -56,30 +45,36 @@ def describe_open_problems(problems):
 
 
 def open_problems_described(node_ids, now):
-    """describe_open_problems() of each node, from one read of signatures and GPU indexes
-    (SQL: it runs for every batch of agent events)."""
+    """describe_open_problems() of each node, from one read of signatures and GPU indexes."""
     problems = {node_id: [] for node_id in node_ids}
-    if not problems:
-        return {}
+    for _, node_id, signature, gpu_index in _open_problem_rows(node_ids, now):
+        problems[node_id].append((signature, gpu_index))
+    return {node_id: describe_open_problems(found) for node_id, found in problems.items()}
+
+
+def _open_problem_rows(node_ids, now):
+    """(event id, node id, signature, GPU index) of the nodes' open warning/critical events,
+    less signatures an operator silenced, critical before warning, then oldest first. SQL:
+    it runs for every batch of agent events."""
+    node_ids = list(node_ids)
+    if not node_ids:
+        return []
     event, gpu, silence = (table(model) for model in (HealthEvent, Gpu, Silence))
     e = {name: f"e.{column(HealthEvent, name)}" for name in (
         "id", "node", "gpu", "signature", "severity", "first_seen", "closed_at")}
     s = {name: f"s.{column(Silence, name)}" for name in ("node", "signature", "until")}
-    nodes, node_params = one_of(HealthEvent, "node", problems, alias="e")
+    nodes, node_params = one_of(HealthEvent, "node", node_ids, alias="e")
     affecting = ", ".join(["%s"] * len(NODE_AFFECTING))
     until = Silence._meta.get_field("until").get_db_prep_value(now, connection)
-    rows = select(
-        f"SELECT {e['node']}, {e['signature']}, g.{column(Gpu, 'index')} FROM {event} e "
-        f"LEFT JOIN {gpu} g ON g.{column(Gpu, 'id')} = {e['gpu']} "
+    return select(
+        f"SELECT {e['id']}, {e['node']}, {e['signature']}, g.{column(Gpu, 'index')} "
+        f"FROM {event} e LEFT JOIN {gpu} g ON g.{column(Gpu, 'id')} = {e['gpu']} "
         f"WHERE {e['closed_at']} IS NULL AND {nodes} AND {e['severity']} IN ({affecting}) "
         f"AND NOT EXISTS (SELECT 1 FROM {silence} s WHERE {s['node']} = {e['node']} "
         f"AND {s['signature']} = {e['signature']} AND {s['until']} > %s) "
         # "critical" sorts before "warning".
         f"ORDER BY {e['severity']}, {e['first_seen']}, {e['id']}",
         [*node_params, *NODE_AFFECTING, until])
-    for node_id, signature, gpu_index in rows:
-        problems[node_id].append((signature, gpu_index))
-    return {node_id: describe_open_problems(found) for node_id, found in problems.items()}
 
 
 def acceptance_detail(node):
