@@ -27,7 +27,8 @@ from . import ingest, reconnects
 from .frame_limits import FrameBucket, HelloAdmission, NewEventCounts
 from .event_batches import event_writer
 from nodes.live_store import get_live_store
-from .protocol import MAX_FRAME_BYTES, BadFrame, known_hygiene, live_entry, parse_frame, quick_read
+from .protocol import (MAX_FRAME_BYTES, BadFrame, exact_frame, fast_sample, known_hygiene,
+                       live_entry, quick_read)
 from .publisher import ensure_publisher
 from .series import AGENTS_CONNECTED, EVENT_ACK_SECONDS, HELLOS_IN_HAND, RATE_LIMITED
 
@@ -245,17 +246,20 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if size > MAX_FRAME_BYTES:
             await self.close_with(CLOSE_TOO_BIG)
             return
-        # The bucket first, on a quick read: a flood is refused without being read exactly.
-        quick = quick_read(data)  # read once: the sample fast path takes it too
-        if quick.kind not in (None, "sample"):
-            wait = self.frame_bucket.take()
-            if wait:
-                await self.rate_limit(quick.kind, quick.event_id, wait,
-                                      "more frames than this server takes from one "
-                                      "connection (samples aside)")
-                return
+        frame = fast_sample(data)  # most frames: a sample, read and checked at once
+        if frame is None:
+            # The bucket first, on a quick read: a flood is refused without being read exactly.
+            quick = quick_read(data)
+            if quick.kind not in (None, "sample"):
+                wait = self.frame_bucket.take()
+                if wait:
+                    await self.rate_limit(quick.kind, quick.event_id, wait,
+                                          "more frames than this server takes from one "
+                                          "connection (samples aside)")
+                    return
         try:
-            frame = parse_frame(data, quick)
+            if frame is None:
+                frame = exact_frame(data)
             if self.node_id is None and frame["type"] != "hello":
                 raise BadFrame("send hello first", code="hello_required")
         except BadFrame as exc:

@@ -11,6 +11,7 @@ from gateway.protocol import (
     BadFrame,
     _check_fields,
     _check_values,
+    fast_sample,
     parse_frame,
 )
 
@@ -45,6 +46,27 @@ def test_the_protocols_own_examples_are_valid(frame):
 
 def test_unknown_fields_are_ignored():
     assert parse_frame(json.dumps({**SAMPLE, "future_field": [1, 2]}))["seq"] == 812
+
+
+@pytest.mark.parametrize("extra", [
+    {"future_field": 2 ** 64},  # orjson and msgspec read it; the protocol holds 64 bits
+    {"future_field": "a\u0000b"},
+    {"future\u0000field": 1},
+    {"hygiene": {"processes": {"zombies": -1}}},
+])
+def test_what_the_sample_fast_path_cannot_vouch_for_is_read_exactly(extra):
+    text = json.dumps({**SAMPLE, **extra})
+    assert fast_sample(text) is None
+    with pytest.raises(BadFrame):
+        parse_frame(text)
+
+
+def test_the_sample_fast_path_reads_a_sample_with_every_field_present():
+    frame = fast_sample(json.dumps({"type": "sample", "seq": 0, "ts": 1,
+                                    "gpus": [{"uuid": "GPU-dd6e", "temp_c": 40}]}))
+    assert frame["node"] is None
+    assert frame["gpus"][0] == {field: None for field in SAMPLE_GPU} | {"uuid": "GPU-dd6e",
+                                                                      "temp_c": 40}
 
 
 def test_optional_fields_may_be_null_or_absent():
