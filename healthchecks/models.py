@@ -18,8 +18,11 @@ class HealthEvent(models.Model):
 
     public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="health_events")
+    # RESTRICT: a GPU's row goes only with its node, and its events with the node too. Never
+    # SET_NULL: two open per-GPU events of one signature would collide on
+    # one_open_event_per_node_signature, and a GPU's history (by serial) would lose them.
     gpu = models.ForeignKey(
-        Gpu, null=True, blank=True, on_delete=models.SET_NULL, related_name="health_events"
+        Gpu, null=True, blank=True, on_delete=models.RESTRICT, related_name="health_events"
     )
     signature = models.CharField(max_length=64)
     severity = models.CharField(max_length=8, choices=Severity.choices)

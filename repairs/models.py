@@ -130,8 +130,8 @@ class Repair(DrainFields):
     public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="repairs")
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="repairs")
-    gpu = models.ForeignKey(Gpu, null=True, blank=True, on_delete=models.SET_NULL,
-                            related_name="repairs")
+    gpu = models.ForeignKey(Gpu, null=True, blank=True, on_delete=models.RESTRICT,
+                            related_name="repairs")  # as HealthEvent.gpu: goes with the node
     action = models.CharField(max_length=16, choices=Action.choices)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PROPOSED)
     signature = models.CharField(max_length=64, help_text="the failure it answers")
