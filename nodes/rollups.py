@@ -12,7 +12,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from .models import ClusterRollup, NodeRollup
+from common.bulk_sql import column, insert_rows, one_of, select, table
+
+from .models import ClusterRollup, Node, NodeRollup
 
 GPU_METRICS = ("util_pct", "mem_used_bytes", "temp_c", "power_w")
 NODE_METRICS = ("net_rx_bps", "net_tx_bps", "cpu_pct")
@@ -73,25 +75,25 @@ def cluster_rollup_rows(minute, clusters):
 
 
 def node_rollup_rows(minute, gpus, nodes, node_ids):
-    """A finished minute's NodeRollup rows of `node_ids`."""
+    """A finished minute's NodeRollup rows of `node_ids`: (node id, minute, gpus,
+    node_metrics), as insert_rows() takes them."""
     return [
-        NodeRollup(
-            node_id=node_id, minute=minute,
-            gpus={uuid: mean_and_peak(stats, GPU_METRICS) for uuid, stats in gpus[node_id].items()},
-            node_metrics=mean_and_peak(nodes[node_id], NODE_METRICS),
-        )
+        (node_id, minute,
+         {uuid: mean_and_peak(stats, GPU_METRICS) for uuid, stats in gpus[node_id].items()},
+         mean_and_peak(nodes[node_id], NODE_METRICS))
         for node_id in node_ids
     ]
 
 
 # The writer runs in a worker thread while the event loop ingests. Building and inserting
-# 2,000 node rows is a few hundred ms of Python, which holds the GIL whenever it runs; the
-# event loop gives the GIL up at every socket call and then waits for it, so the frames of
-# the second after each minute's end came 300-500 ms late (bench/README.md). In batches of
-# 50 rows, with a pause after each, the writer leaves the loop most of the GIL; the minute
-# takes about half a second to write.
-WRITE_BATCH_ROWS = 50
+# 2,000 node rows holds the GIL whenever it runs; the event loop gives the GIL up at every
+# socket call and then waits for it, so the frames of the second after each minute's end
+# came 300-500 ms late (bench/README.md). In batches, with a pause after each, the writer
+# leaves the loop most of the GIL. Each batch is one statement (common.bulk_sql): through
+# the ORM's bulk_create, the minute of 2,000 nodes cost the process about a second of CPU.
+WRITE_BATCH_ROWS = 250
 WRITE_PAUSE_S = 0.01
+NODE_ROLLUP_FIELDS = ("node", "minute", "gpus", "node_metrics")
 
 
 def write_cluster_rollups(minute, clusters):
@@ -105,14 +107,16 @@ def write_cluster_rollups(minute, clusters):
 def write_node_rollups(minute, gpus, nodes):
     """Write NodeMinute's finished minute, in one transaction. A node's minute already written
     (by another server process, where the node reconnected to it within the minute) is
-    kept."""
-    node_ids = list(gpus)
+    kept; a node removed within the minute is left out."""
+    where, params = one_of(Node, "id", list(gpus))
+    node_ids = sorted(node_id for (node_id,) in select(
+        f"SELECT {column(Node, 'id')} FROM {table(Node)} WHERE {where}", params))
     for start in range(0, len(node_ids), WRITE_BATCH_ROWS):
         if start:
             time.sleep(WRITE_PAUSE_S)
         batch = node_ids[start:start + WRITE_BATCH_ROWS]
-        NodeRollup.objects.bulk_create(node_rollup_rows(minute, gpus, nodes, batch),
-                                       ignore_conflicts=True)
+        insert_rows(NodeRollup, NODE_ROLLUP_FIELDS, node_rollup_rows(minute, gpus, nodes, batch),
+                    conflict_do_nothing=True)
 
 
 def prune_rollups(now=None):
