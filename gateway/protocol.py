@@ -281,29 +281,28 @@ def _check_fields(obj, schema, path):
     if not isinstance(obj, dict):
         raise BadFrame(f"{path}: expected an object")
     for field, (kind, required) in schema.items():
-        where = f"{path}.{field}"
         if field not in obj:
             if required:
-                raise BadFrame(f"{where}: required")
+                raise BadFrame(f"{path}.{field}: required")
             continue
         value = obj[field]
         if value is None:
             if required is True:
-                raise BadFrame(f"{where}: required, got null")
+                raise BadFrame(f"{path}.{field}: required, got null")
             continue  # optional fields, and "present" ones (exit_code), may be null
         if isinstance(kind, list):
             if not isinstance(value, list):
-                raise BadFrame(f"{where}: expected a list")
+                raise BadFrame(f"{path}.{field}: expected a list")
             for i, item in enumerate(value):
-                _check_fields(item, kind[0], f"{where}[{i}]")
+                _check_fields(item, kind[0], f"{path}.{field}[{i}]")
         elif isinstance(kind, dict):
-            _check_fields(value, kind, where)
+            _check_fields(value, kind, f"{path}.{field}")
         else:
             if hasattr(kind, "truncate_strings_at") and isinstance(value, dict):
                 value = obj[field] = _strings_truncated(value, kind.truncate_strings_at)
             error = kind(value)
             if error:
-                raise BadFrame(f"{where}: {error}")
+                raise BadFrame(f"{path}.{field}: {error}")
             if hasattr(kind, "truncate_at"):
                 obj[field] = truncated(value, kind.truncate_at, keep=kind.keep)
 
@@ -329,6 +328,12 @@ def _value_problem(value):
         if not INT64_MIN <= value <= INT64_MAX:
             return "an integer beyond 64 bits"
     return None
+
+
+# Where a frame's text may hold a string (or key) that _check_values refuses: a NUL or a
+# lone surrogate, raw or escaped. A frame's text without either (nearly all) is not walked
+# for them, and its numbers are checked as they are read (exact_frame).
+_MAY_HOLD_A_BAD_CHARACTER = re.compile(r"\\u(?:0000|[dD][89a-fA-F])|[\x00\ud800-\udfff]")
 
 
 def _check_values(frame, path):
@@ -431,8 +436,23 @@ def exact_frame(text):
     """parse_frame() without the sample fast path: for a frame that did not take it."""
     if isinstance(text, (bytes, bytearray)):
         raise BadFrame("binary frames are not part of the protocol: send JSON text")
+    beyond = []  # numbers read that no frame may hold; _check_values says where
+
+    def parse_int(digits):
+        value = int(digits)
+        if not INT64_MIN <= value <= INT64_MAX:
+            beyond.append(value)
+        return value
+
+    def parse_float(digits):
+        value = float(digits)
+        if not math.isfinite(value):
+            beyond.append(value)
+        return value
+
     try:
-        frame = json.loads(text, parse_constant=_refuse_constant)
+        frame = json.loads(text, parse_constant=_refuse_constant, parse_int=parse_int,
+                           parse_float=parse_float)
     except ValueError as exc:
         raise BadFrame(f"not JSON: {exc}") from None
     except RecursionError:
@@ -447,7 +467,8 @@ def exact_frame(text):
         raise BadFrame(f"type: unknown frame type {truncated(frame_type, 40)!r}")
     try:
         try:
-            _check_values(frame, frame_type)
+            if beyond or _MAY_HOLD_A_BAD_CHARACTER.search(text):
+                _check_values(frame, frame_type)
             _check_fields(frame, schema, frame_type)
             if frame_type == "hello":
                 _check_unique(frame["gpus"], ("index", "uuid"), "hello.gpus")

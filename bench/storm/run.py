@@ -98,6 +98,7 @@ class StormAgent(loadgen.Agent):
         self.last_sent = 0.0
         self.commands = []  # (received, frame)
         self.welcomed = False
+        self.closed_with = None  # the close code, once the connection has closed
 
     async def start(self, compression, open_timeout=300, welcome_timeout=None):
         await super().start(compression, open_timeout, welcome_timeout)
@@ -121,8 +122,10 @@ class StormAgent(loadgen.Agent):
                         self.send_now(json.dumps(protocol.command_result_frame(
                             command_id=frame["id"], status="failed",
                             message="the bench's agent collects no diagnostic bundle")))
-        except loadgen.ConnectionClosed:
-            pass
+        except loadgen.ConnectionClosed as exc:
+            self.closed_with = exc.rcvd.code if exc.rcvd else "no close frame"
+        else:  # closed normally
+            self.closed_with = self.ws.close_code
 
     def sample(self, now_mono):
         if self.send_now(self.frame(now_mono)):
@@ -452,7 +455,10 @@ def approve(repair):
 async def measure_loop(args, agents, fleet_ids, loop_timeout_s=120):
     """200 nodes go silent, one sends Xid 79; how fast the loop answers."""
     rng = random.Random(7)
-    xid_agent, *others = agents
+    # A connection the storm closed (its events unacked: the real agent would send them
+    # again on its next connection) takes no part.
+    closed = Counter(agent.closed_with for agent in agents if agent.closed_with is not None)
+    xid_agent, *others = [agent for agent in agents if agent.closed_with is None]
     silent = rng.sample(others, args.silent)
     for agent in silent:
         agent.silent_since = time.time()
@@ -485,6 +491,7 @@ async def measure_loop(args, agents, fleet_ids, loop_timeout_s=120):
     delays = sorted(first_seen.timestamp() - silent_ids[node_id].last_sent
                     for node_id, first_seen in lost.items())
     return {
+        "closed_during_the_storm": dict(closed),
         "silent": len(silent_ids), "heartbeat_lost": len(lost),
         "heartbeat_p50_s": round(percentile(delays, 50), 2) if delays else None,
         "heartbeat_p95_s": round(percentile(delays, 95), 2) if delays else None,
