@@ -1,18 +1,34 @@
 import django_filters
-from django.db.models import Q
+from django.db.models import Case, Exists, OuterRef, Q, Value, When
 
 from .choices import NodeRole, NodeState
 from .models import Node
 
+# The worst problem first: unhealthy nodes with an open critical event, the other unhealthy
+# ones, then pending, booting, paused and healthy (through the events' relation to the node:
+# health sits above nodes, which never imports it; "critical" is its Severity's value).
+WORST_FIRST = Case(
+    When(Q(state=NodeState.UNHEALTHY) & Exists(Node.objects.filter(
+        pk=OuterRef("pk"), health_events__closed_at__isnull=True,
+        health_events__severity="critical")), then=Value(0)),
+    When(state=NodeState.UNHEALTHY, then=Value(1)),
+    When(state=NodeState.PENDING, then=Value(2)),
+    When(state=NodeState.BOOTING, then=Value(3)),
+    When(state=NodeState.PAUSED, then=Value(4)),
+    default=Value(5),
+)
+
 # Sorts done by the database; "util" and "temp" sort by the live store's numbers (views.py).
 DB_SORTS = {
+    "severity": (WORST_FIRST, "name"),
     "name": ("name",),
     "state": ("state", "name"),
     "last_seen": ("-last_seen", "name"),
 }
 LIVE_SORTS = ("util", "temp")
-SORT_CHOICES = [("name", "name"), ("state", "state"), ("util", "GPU utilization"),
-                ("temp", "hottest GPU"), ("last_seen", "last seen")]
+SORT_CHOICES = [("severity", "worst first"), ("name", "name"), ("state", "state"),
+                ("util", "GPU utilization"), ("temp", "hottest GPU"), ("last_seen", "last seen")]
+DEFAULT_SORT = "severity"
 
 
 class NodeFilter(django_filters.FilterSet):

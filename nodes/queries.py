@@ -18,7 +18,7 @@ from clusters.queries import get_cluster_for_user
 
 from . import maintenance
 from .choices import NodeRole
-from .filters import DB_SORTS, LIVE_SORTS, SORT_CHOICES, NodeFilter
+from .filters import DB_SORTS, DEFAULT_SORT, LIVE_SORTS, SORT_CHOICES, NodeFilter
 from .live_store import get_live_store, stale_after_s
 from .models import AgentCommand, MaintenanceWindow, Node, NodeRollup
 from .rollups import reading
@@ -40,7 +40,7 @@ def node_list_context(cluster, params):
     node_filter = NodeFilter(params, queryset=nodes)
     matching = node_filter.qs if node_filter.is_valid() else nodes.none()
     view = "grid" if params.get("view") == "grid" else "list"
-    sort = params.get("sort") if params.get("sort") in dict(SORT_CHOICES) else "name"
+    sort = params.get("sort") if params.get("sort") in dict(SORT_CHOICES) else DEFAULT_SORT
     live = live_numbers(cluster)
     if view == "grid":
         page = None

@@ -222,6 +222,21 @@ def test_reset_rebuilds_the_cluster(embedded):
     assert ClusterRollup.objects.count() == 60
 
 
+def test_reset_works_on_a_demo_that_has_been_used(embedded):
+    """Used: a node with two open per-GPU events of one signature (issue 27: deleting the old
+    cluster collided on one_open_event_per_node_signature)."""
+    from healthchecks.services import do_record_health_event
+
+    seed()
+    node = Node.objects.filter(cluster__slug="demo", state=NodeState.HEALTHY).first()
+    for gpu in node.gpus.all()[:2]:
+        do_record_health_event(node, signature="xid:13", severity="warning", gpu=gpu,
+                               message="Graphics Engine Exception")
+    out = seed("--reset")
+    assert "created cluster demo" in out
+    assert Node.objects.count() == 64
+
+
 def test_dry_run_leaves_nothing(embedded):
     out = seed("--dry-run")
     assert "rolled back" in out

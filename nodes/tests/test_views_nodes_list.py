@@ -128,7 +128,28 @@ def test_the_list_sorts_by_name_state_last_seen_and_live_numbers(client_for, vie
     assert names("last_seen") == "bcad"
     assert names("util") == "bcad"  # highest first; no sample last
     assert names("temp") == "acbd"
-    assert names("nonsense") == "abcd"
+    assert names("nonsense") == names("severity")  # the default
+
+
+def test_the_list_opens_worst_first(client_for, viewer, cluster):
+    """Unhealthy with a critical open event, unhealthy, pending, booting, paused, healthy;
+    then by name."""
+    for name, state in [("a-healthy", NodeState.HEALTHY), ("b-paused", NodeState.PAUSED),
+                        ("c-warning", NodeState.UNHEALTHY), ("d-booting", NodeState.BOOTING),
+                        ("e-pending", NodeState.PENDING), ("f-critical", NodeState.UNHEALTHY),
+                        ("g-warning", NodeState.UNHEALTHY), ("h-healthy", NodeState.HEALTHY)]:
+        NodeFactory(cluster=cluster, name=name, state=state)
+    open_event(Node.objects.get(name="c-warning"), "thermal", severity="warning")
+    critical = Node.objects.get(name="f-critical")
+    open_event(critical, "thermal", severity="warning")
+    open_event(critical, "xid:79")
+    closed = open_event(Node.objects.get(name="g-warning"), "xid:48")
+    HealthEvent.objects.filter(pk=closed.pk).update(closed_at=timezone.now())
+    response = client_for(viewer).get(list_url(cluster))
+    assert [node.name for node in response.context["nodes"]] == [
+        "f-critical", "c-warning", "g-warning", "e-pending", "d-booting", "b-paused",
+        "a-healthy", "h-healthy"]
+    assert response.context["sort"] == "severity"
 
 
 def test_a_live_sort_pages_through_every_node(client_for, viewer, cluster, store):
