@@ -19,11 +19,10 @@ class HealthEventFilter(TimeRangeFilterMixin, django_filters.FilterSet):
         widget=forms.TextInput(attrs={"placeholder": "xid, xid:79, throttle"}),
     )
     source = django_filters.ChoiceFilter(choices=Source.choices, empty_label="any source")
-    open = django_filters.BooleanFilter(
-        field_name="closed_at", lookup_expr="isnull", label="status",
-        widget=forms.Select(choices=[("", "open or closed"), ("true", "open"),
-                                     ("false", "closed")]),
-    )
+    # The tab opens on what is wrong now: open events (the worst first: the view's order).
+    open = django_filters.ChoiceFilter(
+        choices=[("true", "open"), ("false", "closed"), ("any", "open or closed")],
+        empty_label=None, method="filter_open", label="status")
     # Time range: the events active in the window, i.e. seen at or after its start and first
     # seen at or before its end. A preset and since/until may be combined: all of them apply.
     period = period_filter()
@@ -35,6 +34,16 @@ class HealthEventFilter(TimeRangeFilterMixin, django_filters.FilterSet):
         model = HealthEvent
         fields = ["severity", "node", "signature", "source", "open", "period", "since", "until"]
         form = TimeRangeFilterForm
+
+    def __init__(self, data=None, *args, **kwargs):
+        data = data.copy() if data is not None else {}
+        data.setdefault("open", "true")
+        super().__init__(data, *args, **kwargs)
+
+    def filter_open(self, queryset, name, value):
+        if value == "any":
+            return queryset
+        return queryset.filter(closed_at__isnull=value == "true")
 
     def filter_signature(self, queryset, name, value):
         """A whole signature or whole parts of one, split at ':' and '_': "xid" finds every

@@ -23,6 +23,10 @@ def open_events_by_signature(cluster):
 
 
 SEVERITY_RANK = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
+# The Health checks tab's order: critical first, then warning, then info; newest first.
+EVENTS_WORST_FIRST = (
+    Case(*[When(severity=s, then=Value(rank)) for s, rank in SEVERITY_RANK.items()]),
+    "-last_seen", "-id")
 
 
 def worst_open_signals(cluster, node_ids=None):

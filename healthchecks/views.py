@@ -17,7 +17,7 @@ from .xid_catalog import catalog
 from .filters import CheckRunFilter, HealthEventFilter
 from .forms import BulkCheckForm, ResolveForm, RunCheckForm, SilenceForm
 from .models import CheckRun, HealthEvent
-from .queries import check_runs_context, open_events_by_signature
+from .queries import EVENTS_WORST_FIRST, check_runs_context, open_events_by_signature
 from .services import (
     do_acknowledge_event,
     do_bulk_request_checks,
@@ -40,7 +40,8 @@ def get_event_for_user(request: HttpRequest, slug: str, public_id: UUID) -> Heal
 def event_list(request, slug):
     cluster = get_cluster_for_user(request, slug)
     events = HealthEvent.objects.filter(node__cluster=cluster).select_related(
-        "node", "gpu", "acknowledged_by").prefetch_related("repairs")
+        "node", "gpu", "acknowledged_by").prefetch_related("repairs").order_by(
+        *EVENTS_WORST_FIRST)
     event_filter = HealthEventFilter(request.GET, queryset=events)
     matching = event_filter.qs if event_filter.is_valid() else events.none()
     page = Paginator(matching, EVENTS_PAGE_SIZE).get_page(request.GET.get("page"))

@@ -41,13 +41,30 @@ def test_the_tab_lists_the_clusters_events_with_filters(client_for, viewer, clus
     event(NodeFactory(), "xid:48")  # another cluster
     client = client_for(viewer)
 
-    assert signatures(client, url) == ["gpu_compute", "thermal_throttle", "xid:79"]
-    assert signatures(client, url, "?severity=warning") == ["gpu_compute", "thermal_throttle"]
+    assert signatures(client, url) == ["gpu_compute", "xid:79"]  # open ones, by default
+    assert signatures(client, url, "?open=any") == ["gpu_compute", "thermal_throttle", "xid:79"]
+    assert signatures(client, url, "?open=any&severity=warning") == ["gpu_compute",
+                                                                      "thermal_throttle"]
     assert signatures(client, url, "?open=true") == ["gpu_compute", "xid:79"]
     assert signatures(client, url, "?open=false") == ["thermal_throttle"]
     assert signatures(client, url, "?source=active") == ["gpu_compute"]
-    assert signatures(client, url, "?node=gpu-0") == ["gpu_compute", "thermal_throttle", "xid:79"]
+    assert signatures(client, url, "?open=any&node=gpu-0") == ["gpu_compute",
+                                                               "thermal_throttle", "xid:79"]
     assert signatures(client, url, "?node=gpu-018") == []
+
+
+def test_the_tab_opens_on_open_events_worst_first(client_for, viewer, cluster, url):
+    node = NodeFactory(cluster=cluster, name="gpu-017")
+    now = timezone.now()
+    event(node, "job_cleanup", "info", last_seen=now)
+    event(node, "thermal_throttle", "warning", last_seen=now - timedelta(minutes=5))
+    event(node, "xid:79", last_seen=now - timedelta(minutes=20))
+    event(node, "xid:48", closed=True, last_seen=now)
+    event(node, "hw_slowdown", "warning", last_seen=now - timedelta(minutes=1))
+    response = client_for(viewer).get(url)
+    assert [e.signature for e in response.context["page"]] == [
+        "xid:79", "hw_slowdown", "thermal_throttle", "job_cleanup"]
+    assert '<option value="true" selected>open</option>' in response.content.decode()
 
 
 def test_the_signature_filter_matches_whole_parts_of_a_signature(client_for, viewer, cluster,
