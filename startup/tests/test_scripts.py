@@ -127,6 +127,18 @@ def test_an_admin_saves_a_good_script(client, cluster, admin):
 
 
 @pytest.mark.django_db
+def test_the_header_names_the_users_role_not_the_scripts_node_role(client, cluster, admin):
+    """The page's own `role` (the node role a script is for) once replaced the user's role
+    in the layout's header: "admin (worker)"."""
+    client.force_login(admin)
+    response = client.get(edit_url(cluster))
+    assert response.status_code == 200
+    text = response.content.decode()
+    assert f'{admin.username} <span class="role">(admin)</span>' in text
+    assert "(worker)" not in text
+
+
+@pytest.mark.django_db
 def test_a_syntax_error_refuses_the_save_and_shows_the_line(client, cluster, admin):
     client.force_login(admin)
     response = client.post(edit_url(cluster), {"body": SYNTAX_ERROR, "timeout_s": 60,
