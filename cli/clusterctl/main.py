@@ -7,6 +7,7 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 TIMEOUT_S = 30
@@ -81,10 +82,25 @@ def read_token(environ):
     return token
 
 
+def local_time(value):
+    """An API time (ISO 8601, UTC) as this machine's local time to the second; any other
+    value as it is."""
+    if not isinstance(value, str) or len(value) < 19 or value[10:11] != "T":
+        return value
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return value
+    if moment.tzinfo is None:
+        return value
+    return moment.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
 def table(rows, columns):
-    """Rows (dicts) as aligned text columns; `columns` are (heading, key or function)."""
+    """Rows (dicts) as aligned text columns; `columns` are (heading, key or function). Times
+    are local, to the second (--json keeps the API's)."""
     cells = [[str(value(row) if callable(value) else ("" if row.get(value) is None
-                                                      else row.get(value)))
+                                                      else local_time(row.get(value))))
               for _, value in columns] for row in rows]
     headings = [heading for heading, _ in columns]
     widths = [max(len(text) for text in column) for column in zip(headings, *cells)]
@@ -247,8 +263,30 @@ def run(api, args):
     return api.post(f"{at}/nodes/{args.node}/checks/", {"check": args.check}), "checks"
 
 
+# Options before the noun that take a value.
+GLOBAL_OPTIONS_WITH_VALUES = ("--url", "--cluster")
+
+
+def with_list_by_default(argv):
+    """argv with "list" after a noun that names no verb: `clusterctl nodes --state x` is
+    `clusterctl nodes list --state x`."""
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        if argv[i] in GLOBAL_OPTIONS_WITH_VALUES:
+            i += 2
+        elif argv[i].startswith("-"):
+            i += 1
+        else:  # the noun
+            if i + 1 == len(argv) or argv[i + 1].startswith("-"):
+                argv.insert(i + 1, "list")
+            break
+    return argv
+
+
 def main(argv=None):
-    args = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser().parse_args(with_list_by_default(argv))
     try:
         if not args.url:
             raise ApiError("no console: set CLUSTERCTL_URL (or --url)")
