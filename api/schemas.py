@@ -94,7 +94,9 @@ class NodeOut(Schema):
     hostname: str
     state: str
     role: str
-    paused: bool
+    paused: bool = Field(..., description="its state is paused: by an operator or a "
+                                          "maintenance window")
+    paused_by_operator: bool = Field(..., description="an operator paused it (until resumed)")
     gpus: int
     boot_id: str
     last_seen: datetime | None

@@ -16,7 +16,7 @@ from django.core.paginator import Paginator
 from django.db.models import Count, Q
 from django.http import FileResponse, Http404, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404
-from django.urls import reverse
+from django.urls import Resolver404, resolve, reverse
 from ninja import NinjaAPI, Router
 from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationError
 from ninja.security import HttpBearer
@@ -31,6 +31,7 @@ from healthchecks.models import CheckRun, HealthEvent
 from healthchecks.queries import worst_open_signals
 from healthchecks.services import do_acknowledge_event, do_request_checks, do_silence_signature
 from jobs.models import Job
+from nodes.choices import NodeState
 from nodes.filters import NodeFilter
 from nodes.live_store import get_live_store
 from nodes.bundles import do_download_bundle, do_request_bundle, settle
@@ -76,7 +77,7 @@ class TokenAuth(HttpBearer):
 
 api = NinjaAPI(
     title="clusterui", version="1", urls_namespace="api",
-    description=__doc__, auth=TokenAuth(), docs_url=None,
+    description=__doc__, auth=TokenAuth(), docs_url="/docs",
     throttle=[AuthRateThrottle(f"{settings.CLUSTERUI_API_RATE_PER_MIN}/min")],
 )
 
@@ -117,6 +118,20 @@ def invalid(request, exc):
 @api.exception_handler(Http404)
 def not_found(request, exc):
     return problem(404, "Not Found", str(exc) or "No such object.")
+
+
+def unknown_path(request):
+    """Any other path under /api/v1/: 404 as problem+json, naming the one that exists when
+    only its trailing slash is missing (the API's paths all end in one)."""
+    detail = f"No API path {request.path}. The API's paths are listed at /api/v1/docs."
+    if not request.path.endswith("/"):
+        try:
+            with_slash = resolve(request.path + "/")
+        except Resolver404:
+            with_slash = None
+        if with_slash is not None and with_slash.view_name != "api:unknown":
+            detail = f"No API path {request.path}: did you mean {request.path}/?"
+    return problem(404, "Not Found", detail)
 
 
 @api.exception_handler(HttpError)
@@ -200,7 +215,8 @@ def get_cluster(request, slug: str):
 
 def node_json(node, live=None, signals=None, hygiene=None):
     return {"name": node.name, "hostname": node.hostname, "state": node.state,
-            "role": node.role, "paused": node.paused, "gpus": node.gpu_count,
+            "role": node.role, "paused": node.state == NodeState.PAUSED,
+            "paused_by_operator": node.paused, "gpus": node.gpu_count,
             "boot_id": node.boot_id, "last_seen": node.last_seen,
             "worst_signal": (signals or {}).get(node.pk, ""),
             "live": (live or {}).get(node.pk), "hygiene": hygiene}

@@ -150,6 +150,7 @@ INSTALLED_APPS = [
     "template_partials",
     "django_filters",
     "csp",
+    "ninja",  # the API docs' Swagger UI from the installed package's static files, no CDN
     "channels",
     "clusters",
     "nodes",

@@ -19,7 +19,7 @@ class HealthEventFilter(TimeRangeFilterMixin, django_filters.FilterSet):
         widget=forms.TextInput(attrs={"placeholder": "xid, xid:79, throttle"}),
     )
     source = django_filters.ChoiceFilter(choices=Source.choices, empty_label="any source")
-    # The tab opens on what is wrong now: open events (the worst first: the view's order).
+    # Absent: open or closed (the API's default); the Health checks tab opens on "true".
     open = django_filters.ChoiceFilter(
         choices=[("true", "open"), ("false", "closed"), ("any", "open or closed")],
         empty_label=None, method="filter_open", label="status")
@@ -34,11 +34,6 @@ class HealthEventFilter(TimeRangeFilterMixin, django_filters.FilterSet):
         model = HealthEvent
         fields = ["severity", "node", "signature", "source", "open", "period", "since", "until"]
         form = TimeRangeFilterForm
-
-    def __init__(self, data=None, *args, **kwargs):
-        data = data.copy() if data is not None else {}
-        data.setdefault("open", "true")
-        super().__init__(data, *args, **kwargs)
 
     def filter_open(self, queryset, name, value):
         if value == "any":

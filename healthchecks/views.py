@@ -42,7 +42,9 @@ def event_list(request, slug):
     events = HealthEvent.objects.filter(node__cluster=cluster).select_related(
         "node", "gpu", "acknowledged_by").prefetch_related("repairs").order_by(
         *EVENTS_WORST_FIRST)
-    event_filter = HealthEventFilter(request.GET, queryset=events)
+    params = request.GET.copy()
+    params.setdefault("open", "true")  # the tab opens on what is wrong now
+    event_filter = HealthEventFilter(params, queryset=events)
     matching = event_filter.qs if event_filter.is_valid() else events.none()
     page = Paginator(matching, EVENTS_PAGE_SIZE).get_page(request.GET.get("page"))
     context = {"cluster": cluster, "tab": "health", "filter": event_filter, "page": page,

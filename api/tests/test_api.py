@@ -142,6 +142,40 @@ def test_the_openapi_schema_is_served_and_valid(cluster):
     assert schema["components"]["securitySchemes"]
 
 
+def test_the_docs_are_served_from_the_installed_package_with_no_cdn(cluster):
+    response = Client().get("/api/v1/docs")
+    assert response.status_code == 200
+    text = response.content.decode()
+    assert '<script src="/static/ninja/swagger-ui-bundle.' in text
+    assert "cdn" not in text.lower() and "https://" not in text
+
+
+@pytest.mark.parametrize("path, hint", [
+    ("/api/v1/nodes", "/api/v1/docs"),
+    ("/api/v1/nope/", "/api/v1/docs"),
+    ("/api/v1/clusters", "did you mean /api/v1/clusters/?"),
+])
+def test_an_unknown_api_path_is_a_404_problem(cluster, token_for, path, hint):
+    _, token = token_for(Role.VIEWER)
+    for client in (ApiClient(token), ApiClient()):
+        response = client.get(path)
+        assert response.status_code == 404 and response["Content-Type"] == PROBLEM
+        assert hint in response.json()["detail"]
+
+
+def test_paused_agrees_with_the_state(cluster, token_for):
+    NodeFactory(cluster=cluster, name="gpu-001", state=NodeState.PAUSED, paused=True)
+    in_window = NodeFactory(cluster=cluster, name="gpu-002", state=NodeState.PAUSED)
+    NodeFactory(cluster=cluster, name="gpu-003", state=NodeState.HEALTHY)
+    assert not in_window.paused  # paused by a maintenance window, not by an operator
+    _, token = token_for(Role.VIEWER)
+    nodes = {node["name"]: node for node in ApiClient(token).get(
+        f"/api/v1/clusters/{cluster.slug}/nodes/").json()["items"]}
+    assert [(nodes[name]["paused"], nodes[name]["paused_by_operator"])
+            for name in ("gpu-001", "gpu-002", "gpu-003")] == [(True, True), (True, False),
+                                                               (False, False)]
+
+
 def test_tokens_are_made_on_a_page_shown_once_and_revoked(cluster, operator, client_for):
     client = client_for(operator)
     made = client.post("/account/api-tokens/", {"name": "pager bot", "expires_in_days": 30})

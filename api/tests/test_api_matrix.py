@@ -75,6 +75,8 @@ VIEW, OPERATE, ADMINISTER = Role.VIEWER, Role.OPERATOR, Role.ADMIN
 ENDPOINTS = {
     "api:api-root": Endpoint("GET", None, ok=404),
     "api:openapi-json": Endpoint("GET", None),
+    "api:openapi-view": Endpoint("GET", None),  # /api/v1/docs
+    "api:unknown": Endpoint("GET", None, ok=404),
     "api:list_clusters": Endpoint("GET", VIEW),
     "api:get_cluster": Endpoint("GET", VIEW),
     "api:list_nodes": Endpoint("GET", VIEW),
