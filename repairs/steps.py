@@ -131,7 +131,8 @@ def drain(repair, step, now):
     jobs = scheduler.running_jobs(name)
     if not jobs:
         set_details(step, jobs=[])
-        return Done(f"drained ({scheduler.name})", output)
+        return Done(f"drained ({scheduler.name})" if scheduler.drives_nodes
+                    else "nothing to drain: no scheduler configured", output)
     ids = ", ".join(job.id for job in jobs)
     deadline = (step.started_at or now) + plan.deadline if plan.waits else None
     past = deadline is not None and now >= deadline
@@ -349,7 +350,8 @@ def resume(repair, step, now):
     if state.drained and state.reason and state.reason != drain_reason(repair):
         return Done(f"left drained: its drain reason is not this repair's ({state.reason})")
     output = scheduler.resume(name) if state.drained else ""
-    return Done(f"resumed ({scheduler.name})", output)
+    return Done(f"resumed ({scheduler.name})" if scheduler.drives_nodes
+                else "nothing to resume: no scheduler configured", output)
 
 
 STEP_FUNCTIONS = {

@@ -52,6 +52,7 @@ class NoScheduler:
     jobs known."""
 
     name = "none"
+    drives_nodes = False  # the schedulers that drain and resume nodes say True
     jobs_end_on_their_own = True
 
     def drain(self, node_name, reason):

@@ -65,6 +65,7 @@ def from_kubeconfig(path=None, context=None):
 
 class KubernetesScheduler:
     name = "kubernetes"
+    drives_nodes = True
     jobs_end_on_their_own = False  # a Deployment's pod never ends: it has to be evicted
 
     def __init__(self, core_api, request_timeout_s=REQUEST_TIMEOUT_S):

@@ -154,6 +154,7 @@ class SlurmScheduler:
     """A cluster run by Slurm, driven through its command-line tools on this machine."""
 
     name = "slurm"
+    drives_nodes = True
     jobs_end_on_their_own = True  # batch jobs end; a drained node only has to wait
 
     def __init__(self, slurm_conf=None, timeout_s=DEFAULT_TIMEOUT_S):

@@ -53,7 +53,7 @@ def test_a_reprovision_runs_every_step_and_the_node_ends_healthy(node, operator,
     node.refresh_from_db()
     assert node.state == NodeState.PAUSED
 
-    assert run_next(enqueued).message == "drained (none)"
+    assert run_next(enqueued).message == "nothing to drain: no scheduler configured"
     past_the_bundle(enqueued)
     assert "started by the provider" in run_next(enqueued).message
     assert (tmp_path / "calls").read_text() == "reprovisioning gpu-009\n"
@@ -77,7 +77,7 @@ def test_a_reprovision_runs_every_step_and_the_node_ends_healthy(node, operator,
     later = verify_step.next_check_at
     steps.run_due_steps(now=later)
     assert run_next(enqueued, now=later).message == "passed nvml_sanity, gpu_compute"
-    assert run_next(enqueued).message == "resumed (none)"
+    assert run_next(enqueued).message == "nothing to resume: no scheduler configured"
 
     repair.refresh_from_db()
     node.refresh_from_db()
