@@ -80,8 +80,11 @@ def channel_detail(request, slug, channel_id):
 @require_GET
 @require_role(Role.VIEWER)
 def channel_deliveries(request, slug, channel_id):
-    """The delivery log alone (htmx: the channel's page refreshes it)."""
+    """The delivery log alone (htmx: the channel's page refreshes it). Opened directly (a
+    bookmark, a link), it is the channel's page, where the log is."""
     channel = _channel(request, slug, channel_id)
+    if not request.htmx:
+        return redirect("notifications:detail", channel.cluster.slug, channel.pk)
     return render(request, "notifications/edit.html#delivery-log",
                   {"cluster": channel.cluster, "channel": channel, "log": delivery_log(channel)})
 

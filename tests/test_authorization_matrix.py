@@ -137,7 +137,7 @@ TABLE = {
               **CHANNEL_FIELDS}),
     "notifications:detail": Row(get=needs(VIEW, 200), post=needs(ADMINISTER, 302),
                                 data={"name": "ops-webhook", "url": "", **CHANNEL_FIELDS}),
-    "notifications:deliveries": Row(get=needs(VIEW, 200), post=not_allowed()),
+    "notifications:deliveries": Row(get=needs(VIEW, 302), post=not_allowed()),  # to the page
     "notifications:test": Row(get=not_allowed(), post=needs(ADMINISTER, 302)),
     "notifications:rotate": Row(get=not_allowed(), post=needs(ADMINISTER, 200)),
     "notifications:delete": Row(get=not_allowed(), post=needs(ADMINISTER, 302)),

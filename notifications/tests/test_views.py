@@ -86,6 +86,11 @@ def test_send_test_queues_a_delivery_that_the_log_shows(cluster, admin, viewer, 
                                          args=[cluster.slug, channel.pk]), HTTP_HX_REQUEST="true")
     assert log.status_code == 200 and b"test message from clusterui" in log.content
     assert b"<html" not in log.content
+    # Opened directly, it is the channel's page, where the log is (not a bare fragment).
+    direct = client_for(viewer).get(reverse("notifications:deliveries",
+                                            args=[cluster.slug, channel.pk]))
+    assert direct.status_code == 302
+    assert direct["Location"] == reverse("notifications:detail", args=[cluster.slug, channel.pk])
 
 
 def test_deleting_a_channel_deletes_its_secrets(cluster, admin, client_for, make_channel):
