@@ -191,6 +191,7 @@ def test_it_says_when_the_cluster_is_degraded(client_for, viewer, cluster):
     add_nodes(cluster, 1, state=NodeState.PAUSED, start=10)
     response = client_for(viewer).get(overview_url(cluster))
     assert response.context["degraded"] == {"out": 2, "total": 11}
-    assert ('Degraded: <span data-degraded="out">2</span> of <span data-degraded="total">11'
-            '</span> nodes are out of service') in response.text
+    assert ('<strong>Degraded:</strong> <span data-degraded="out">2</span> of <span '
+            'data-degraded="total">11</span> nodes are out of service') in response.text
+    assert 'class="needs-you degraded-alert" role="alert"' in response.text  # styled as one
     assert 'data-degraded-threshold="10">' in response.text  # shown: not hidden
