@@ -37,6 +37,28 @@ CLOCK_EVENT_HW_SLOWDOWN = 0x8
 CLOCK_EVENT_SW_THERMAL = 0x20
 CLOCK_EVENT_HW_THERMAL = 0x40
 CLOCK_EVENT_HW_POWER_BRAKE = 0x80
+# Every bit NVML defines, as nvidia-smi -q names it (its "Clocks Event Reasons" section).
+CLOCK_EVENT_NAMES = {
+    0x1: "idle",
+    0x2: "applications clocks setting",
+    0x4: "SW power cap",
+    0x8: "HW slowdown",
+    0x10: "sync boost",
+    0x20: "SW thermal slowdown",
+    0x40: "HW thermal slowdown",
+    0x80: "HW power brake slowdown",
+    0x100: "display clock setting",
+}
+
+
+def clock_event_names(reasons):
+    """The reasons of an nvmlClocksEventReason mask in words ("SW power cap, HW thermal
+    slowdown"); a bit NVML does not define as its hex value."""
+    names = [name for bit, name in CLOCK_EVENT_NAMES.items() if reasons & bit]
+    unknown = reasons & ~sum(CLOCK_EVENT_NAMES)
+    if unknown:
+        names.append(f"{unknown:#x}")
+    return ", ".join(names) or "none"
 
 
 class BackendUnavailable(Exception):

@@ -21,6 +21,7 @@ from agent.backends import (
     CLOCK_EVENT_HW_SLOWDOWN,
     CLOCK_EVENT_HW_THERMAL,
     CLOCK_EVENT_SW_THERMAL,
+    clock_event_names,
 )
 from agent.connection.protocol import event_frame
 
@@ -85,7 +86,8 @@ class ThrottleWatcher:
         reasons = gpu["clock_event_reasons"]
         what = _DESCRIPTIONS[signature]
         if state == "active":
-            message = f"{what} held for {held_s:.0f} s (clock event reasons {reasons:#x})"
+            message = f"{what} held for {held_s:.0f} s (clock event reasons: " \
+                      f"{clock_event_names(reasons)})"
         else:
             message = f"{what} ended after {held_s:.0f} s"
         return event_frame(

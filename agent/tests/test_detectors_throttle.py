@@ -84,6 +84,8 @@ def test_hw_thermal_slowdown_held_for_10_s_opens_and_its_end_clears(h200):
         "active",
     )
     assert active["gpu_uuid"] == load[1]["uuid"]
+    assert active["message"] == ("thermal slowdown held for 10 s (clock event reasons: "
+                                 "SW power cap, HW thermal slowdown)")  # words, not 0x44
     assert active["detail"] == {
         "clock_event_reasons": 0x44,
         "temp_c": 91,
@@ -192,3 +194,12 @@ def test_a_gpu_without_a_reading_keeps_its_state(h200):
 )
 def test_throttle_signatures(reasons, signatures):
     assert throttle_signatures(reasons) == signatures
+
+
+def test_clock_event_reasons_in_words():
+    from agent.backends import clock_event_names
+
+    assert clock_event_names(0x0) == "none"
+    assert clock_event_names(0x1) == "idle"
+    assert clock_event_names(0x8 | 0x80) == "HW slowdown, HW power brake slowdown"
+    assert clock_event_names(0x4 | 0x1000) == "SW power cap, 0x1000"  # a bit NVML adds later
