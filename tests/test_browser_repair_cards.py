@@ -62,7 +62,8 @@ def five_faults(cluster):
     node = node_with_gpus(cluster, "gpu-014")
     gpu = node.gpus.get(index=6)
     do_record_health_event(node, signature="thermal_throttle", severity="warning", gpu=gpu,
-                           message="thermal slowdown held for 60 s (clock event reasons: SW thermal slowdown)",
+                           message="thermal slowdown held for 60 s (clock event reasons: "
+                                   "SW thermal slowdown)",
                            evidence={"temp_c": 84}, now=now - timedelta(minutes=16))
     for minutes_ago, hottest in ((15, 86), (9, 88), (2, 87)):
         NodeRollup.objects.create(
