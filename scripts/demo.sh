@@ -43,7 +43,14 @@ if port_open; then
     exit 1
 fi
 
-mkdir -p staticfiles  # STATIC_ROOT: files come from the finders here; whitenoise wants it to exist
+# Hashed, gzip and Brotli (about a minute: plotly.js at Brotli's best), again only when
+# static/ or the installed packages (plotly.js, django-ninja's docs) changed since.
+MANIFEST=staticfiles/staticfiles.json
+INSTALLED_STAMP="$(dirname "$PY")/../.installed"
+if [ ! -f "$MANIFEST" ] || [ -n "$(find static "$INSTALLED_STAMP" -newer "$MANIFEST" -print -quit 2>/dev/null)" ]; then
+    log "collecting static files (hashed, gzip and Brotli)"
+    "$PY" manage.py collectstatic --no-input -v 0
+fi
 log "migrating the database ($DATA_DIR/clusterui.sqlite3)"
 "$PY" manage.py migrate --no-input -v 0
 log "seeding the demo cluster"
@@ -136,7 +143,7 @@ for _ in $(seq 1 60); do
 done
 
 # The simulated fleet: one real agent per demo node (simulated H200s), in one process.
-start fleet "$PY" -m agent.fleet --server "ws://$HOST:$PORT/ws/agent/" --state-dir "$FLEET_DIR" \
+start fleet "$PY" -m agent.sim.fleet --server "ws://$HOST:$PORT/ws/agent/" --state-dir "$FLEET_DIR" \
     --names 'gpu-{:03d}' --count 64 --job-every 300
 
 if port_open; then
