@@ -41,7 +41,7 @@ def test_the_list_filters_by_state_and_name(client_for, viewer, cluster):
         return [n.name for n in client.get(list_url(cluster, query)).context["page"]]
 
     assert names("?state=paused") == ["cpu-001", "gpu-002"]
-    assert names("?name=gpu") == ["gpu-001", "gpu-002"]
+    assert names("?name=gpu") == ["gpu-002", "gpu-001"]  # worst first: paused, then healthy
     assert names("?state=paused&name=gpu") == ["gpu-002"]
     assert names("?state=nonsense") == []  # an invalid filter shows nothing, not everything
     assert "Select a valid choice" in client.get(list_url(cluster, "?state=nonsense")).text
