@@ -93,7 +93,9 @@ def test_injected_faults_show_in_the_tab_and_turn_their_nodes_unhealthy_in_time(
     viewer = UserFactory(username="int-vera", role=Role.VIEWER)
     client = Client()
     client.force_login(viewer)
-    tab = client.get(reverse("healthchecks:list", args=[cluster.slug])).text
+    tab = client.get(reverse("healthchecks:list", args=[cluster.slug])).text  # open ones
+    assert "xid:79" in tab and "gpu_lost" in tab and "thermal_throttle" not in tab
+    tab = client.get(reverse("healthchecks:list", args=[cluster.slug]) + "?open=any").text
     for signature in ("xid:79", "gpu_lost", "thermal_throttle"):
         assert signature in tab
     assert "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS" in tab
