@@ -4,6 +4,7 @@ GPUs. Health's parts of these pages (worst open signals, events, checks) come fr
 template tags (healthchecks/templatetags/health.py)."""
 
 import time
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
@@ -17,7 +18,7 @@ from clusters.models import SSH_PLACEHOLDER
 from clusters.queries import get_cluster_for_user
 
 from . import maintenance
-from .choices import NodeRole
+from .choices import DISPLAY_ORDER, NodeRole
 from .filters import DB_SORTS, DEFAULT_SORT, LIVE_SORTS, SORT_CHOICES, NodeFilter
 from .live_store import get_live_store, stale_after_s
 from .models import AgentCommand, MaintenanceWindow, Node, NodeRollup
@@ -42,9 +43,12 @@ def node_list_context(cluster, params):
     view = "grid" if params.get("view") == "grid" else "list"
     sort = params.get("sort") if params.get("sort") in dict(SORT_CHOICES) else DEFAULT_SORT
     live = live_numbers(cluster)
+    legend = None
     if view == "grid":
         page = None
         shown = list(matching.order_by("name").only("name", "state"))
+        counts = Counter(node.state for node in shown)
+        legend = [(state.value, state.label, counts[state.value]) for state in DISPLAY_ORDER]
     elif sort in LIVE_SORTS:
         page = _page_by_live_number(matching, live, sort, params.get("page"))
         shown = page.object_list
@@ -60,6 +64,7 @@ def node_list_context(cluster, params):
     query = params.copy()
     query.pop("page", None)
     return {"filter": node_filter, "page": page, "nodes": shown, "view": view, "sort": sort,
+            "legend": legend,
             "sort_choices": SORT_CHOICES, "list_query": query.urlencode(),
             "node_roles": NodeRole.choices,
             "filtered": any(params.get(key) for key in NodeFilter.base_filters)}

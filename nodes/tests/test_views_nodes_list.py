@@ -181,6 +181,20 @@ def test_the_grid_shows_one_tile_per_node_linking_to_it(client_for, viewer, clus
     assert response.context["page"] is None  # every node on one screen, no pages
 
 
+def test_the_grid_has_a_legend_with_each_states_count(client_for, viewer, cluster):
+    for name, state in [("a", NodeState.HEALTHY), ("b", NodeState.HEALTHY),
+                        ("c", NodeState.UNHEALTHY), ("d", NodeState.PAUSED)]:
+        NodeFactory(cluster=cluster, name=name, state=state)
+    response = client_for(viewer).get(list_url(cluster, "?view=grid"))
+    assert response.context["legend"] == [("healthy", "healthy", 2), ("booting", "booting", 0),
+                                          ("unhealthy", "unhealthy", 1),
+                                          ("pending", "pending", 0), ("paused", "paused", 1)]
+    text = response.content.decode()
+    assert ('<li><span class="swatch unhealthy u10" aria-hidden="true"></span> unhealthy '
+            '<span class="muted">1</span></li>') in text
+    assert "GPU utilization 0 (or no sample now), 50, 100 %" in text
+
+
 def test_the_list_shows_and_filters_by_role(client_for, viewer, cluster):
     NodeFactory(cluster=cluster, name="gpu-001")
     NodeFactory(cluster=cluster, name="login-1", role="login")
