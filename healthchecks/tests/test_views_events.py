@@ -65,6 +65,7 @@ def test_the_tab_opens_on_open_events_worst_first(client_for, viewer, cluster, u
     assert [e.signature for e in response.context["page"]] == [
         "xid:79", "hw_slowdown", "thermal_throttle", "job_cleanup"]
     assert '<option value="true" selected>open</option>' in response.content.decode()
+    assert '<td class="nowrap"><a href="' in response.content.decode()  # names never wrap
 
 
 def test_the_signature_filter_matches_whole_parts_of_a_signature(client_for, viewer, cluster,
