@@ -108,6 +108,9 @@ fsync = off
 full_page_writes = off
 synchronous_commit = off
 max_connections = 100
+# A test stuck on a lock leaves its cause in the log: test.sh prints these lines on a failure.
+log_lock_waits = on
+log_line_prefix = '%m [%p] %a: '
 CONF
     log "postgresql: starting on 127.0.0.1:$PG_PORT (log: $PGROOT/postgresql.log)"
     if ! as_pg_user "$PGBIN/pg_ctl" start -D "$PGDATA" -w -t 60 -s -l "$PGROOT/postgresql.log"; then

@@ -97,4 +97,8 @@ case "$status" in
     124) echo "test.sh: pytest ran past TEST_TIMEOUT_S=$TEST_TIMEOUT_S s and was stopped" >&2 ;;
     137) echo "test.sh: pytest was killed (SIGKILL; after TEST_TIMEOUT_S if it ignored SIGINT)" >&2 ;;
 esac
+if [ "$status" != 0 ] && grep -q -E "still waiting|deadlock detected" "$PGROOT/postgresql.log"; then
+    echo "test.sh: PostgreSQL saw these lock waits:" >&2
+    grep -E -A3 "still waiting|deadlock detected" "$PGROOT/postgresql.log" | tail -n 60 >&2
+fi
 exit "$status"
