@@ -12,6 +12,7 @@ Embedded mode only: it creates accounts whose password is their name.
 
 import heapq
 import itertools
+import json
 import random
 import uuid
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ from repairs.models import RepairSettings
 from agent.connection.node_token import save_node_token
 from agent.sim import INJECT_FILE, SIMULATED_BOOT_ID_FILE, SimulatedBackend
 from agent.sim.backend import load_fixture
+from agent.sim.workload import new_state
 
 CLUSTER_SLUG = "demo"
 NODE_COUNT = 64
@@ -439,6 +441,10 @@ def create_cluster():
         "billing_rate_per_gpu_hour": "2.10",
         "acceptance_tests_enabled": False,
         "degraded_threshold_pct": 10,
+        # The demo's own sacct, squeue, scontrol and scancel (demo/slurm) answer for the
+        # simulated fleet, through the same Slurm adapter as a real cluster's.
+        "scheduler": Cluster.Scheduler.SLURM,
+        "scheduler_config": "",
     })
     form = ClusterCreateForm(data)
     if not form.is_valid():
@@ -474,7 +480,7 @@ def seed(*, reset=False, now=None):
         existing.delete()
     cluster = create_cluster()
     # The demo fleet's machines are simulated: "reprovision" and "failover" reboot the
-    # simulated agent; there is no Slurm to drain.
+    # simulated agent.
     RepairSettings.objects.create(cluster=cluster, provider=RepairSettings.Provider.SIMULATED)
     rng = random.Random(RANDOM_SEED)
     script = Script(cluster, users, now, rng)
@@ -484,10 +490,19 @@ def seed(*, reset=False, now=None):
     return summarize(Result(cluster, True, users))
 
 
-def prepare_fleet(fleet_dir):
+SLURM_STATE_FILE = "slurm.json"
+
+
+def prepare_fleet(fleet_dir, *, reset=False):
     """Give each demo node's simulated agent its state dir: a fresh node token, the node's
-    seeded boot id (connecting is then not a reboot) and its scheduled faults."""
+    seeded boot id (connecting is then not a reboot) and its scheduled faults; and the
+    simulated Slurm its state file (fleet_dir/slurm.json: the nodes, no drain), kept unless
+    it is missing or `reset`."""
     cluster = Cluster.objects.get(slug=CLUSTER_SLUG)
+    slurm_state = Path(fleet_dir) / SLURM_STATE_FILE
+    if reset or not slurm_state.exists():
+        slurm_state.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        slurm_state.write_text(json.dumps(new_state(node_names(), seed=CLUSTER_SLUG), indent=1))
     for node in Node.objects.filter(cluster=cluster):
         state_dir = Path(fleet_dir) / node.name
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

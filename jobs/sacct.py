@@ -9,10 +9,10 @@ one odd job (a name sacct printed with a newline in it, a host list it cannot ex
 not stop a cluster's accounting.
 """
 
-import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from common.hostlist import expand_hostlist
 from schedulers import ExecutorError
 from schedulers.slurm import gpus_from_tres, run_slurm_command
 
@@ -116,30 +116,3 @@ def parse_elapsed(text):
     if days and not (days.isascii() and days.isdigit()):
         raise ValueError(f"cannot read the elapsed time {text!r}")
     return (int(days) if days else 0) * 86400 + seconds
-
-
-_HOSTLIST_ITEM = re.compile(r"([^,\[]+)(?:\[([^\]]*)\])?([^,\[]*)")
-
-
-def expand_hostlist(text):
-    """Slurm's compressed host list as names: "gpu-[001-002,004],login1" ->
-    gpu-001, gpu-002, gpu-004, login1 (zero padding kept)."""
-    names = []
-    position = 0
-    while position < len(text):
-        match = _HOSTLIST_ITEM.match(text, position)
-        if match is None:
-            raise ValueError(f"cannot read the host list {text!r}")
-        prefix, ranges, suffix = match.groups()
-        if ranges is None:
-            names.append(prefix + suffix)
-        else:
-            for item in ranges.split(","):
-                low, _, high = item.partition("-")
-                if not all(part.isascii() and part.isdigit() for part in (low, high or low)):
-                    raise ValueError(f"cannot read the host list {text!r}")
-                width = len(low)
-                for number in range(int(low), int(high or low) + 1):
-                    names.append(f"{prefix}{number:0{width}d}{suffix}")
-        position = match.end() + 1  # past the comma
-    return names

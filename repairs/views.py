@@ -275,8 +275,11 @@ def repair_go_on_now(request, slug, public_id):
 @require_GET
 @require_role(Role.VIEWER)
 def node_repairs(request, slug, name):
-    """The node page's Repair section alone: what static/js/repairs.js re-fetches."""
+    """The node page's Repair section alone: what static/js/repairs.js re-fetches. Opened
+    directly (a bookmark, a link), it is the node's page, where the section is."""
     node = get_node_for_user(request, slug, name)
+    if not request.htmx:
+        return redirect("nodes:detail", node.cluster.slug, node.name)
     return render(request, "repairs/_node_repairs.html",
                   {"cluster": node.cluster, "node": node, **node_repairs_context(node, request.user),
                    "back_url": request.htmx.current_url_abs_path})

@@ -53,10 +53,18 @@ if [ ! -f "$MANIFEST" ] || [ -n "$(find static "$INSTALLED_STAMP" -newer "$MANIF
 fi
 log "migrating the database ($DATA_DIR/clusterui.sqlite3)"
 "$PY" manage.py migrate --no-input -v 0
-log "seeding the demo cluster"
 FLEET_DIR="$DATA_DIR/fleet"
 RECEIVER_KEY="$DATA_DIR/demo-receiver/signing.key"
-"$PY" manage.py seed_demo ${DEMO_RESET:+--reset} --fleet-dir "$FLEET_DIR" \
+# The simulated Slurm (demo/slurm): sacct, squeue, scontrol and scancel answering from the
+# fleet's jobs, first on the PATH of this script and its children only, never the machine's.
+absolute() { case "$1" in /*) printf '%s' "$1" ;; *) printf '%s/%s' "$PWD" "${1#./}" ;; esac; }
+export PATH="$PWD/demo/bin:$PATH"
+DEMO_SLURM_PYTHON=$(absolute "$PY")
+DEMO_SLURM_STATE=$(absolute "$FLEET_DIR/slurm.json")
+export DEMO_SLURM_PYTHON DEMO_SLURM_STATE
+export CLUSTERUI_JOBS_BACKFILL_DAYS=${CLUSTERUI_JOBS_BACKFILL_DAYS:-7}
+log "seeding the demo cluster"
+"$PY" manage.py seed_demo ${DEMO_RESET:+--reset} --fleet-dir "$FLEET_DIR" --import-jobs \
     --receiver-url "http://$HOST:$RECEIVER_PORT/clusterui" --receiver-key-file "$RECEIVER_KEY"
 
 # --- children --------------------------------------------------------------------------------
@@ -144,7 +152,7 @@ done
 
 # The simulated fleet: one real agent per demo node (simulated H200s), in one process.
 start fleet "$PY" -m agent.sim.fleet --server "ws://$HOST:$PORT/ws/agent/" --state-dir "$FLEET_DIR" \
-    --names 'gpu-{:03d}' --count 64 --job-every 300
+    --names 'gpu-{:03d}' --count 64 --slurm-state "$DEMO_SLURM_STATE"
 
 if port_open; then
     cat <<EOF

@@ -583,8 +583,12 @@ class SlurmCluster:
             self.users_added.append(user)
         if account is not None:
             self.add_account(account)
-            self.run(["sacctmgr", "-i", "add", "user", user, f"account={account}",
-                      f"cluster={self.cluster_name}"])
+            result = self.run(["sacctmgr", "-i", "add", "user", user, f"account={account}",
+                               f"cluster={self.cluster_name}"], check=False)
+            # Added by an earlier test of the session: sacctmgr says so and exits 1.
+            if result.returncode != 0 and "Nothing new added" not in result.stdout:
+                raise SlurmClusterError(f"sacctmgr add user {user} exited with "
+                                        f"{result.returncode}: {result.stderr.strip()}")
 
     # --- failure reports -----------------------------------------------------------------
 

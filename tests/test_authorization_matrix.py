@@ -206,7 +206,7 @@ TABLE = {
               "repair_window_count": 5, "repair_window_days": 7}),
     "repairs:policy": Row(get=not_allowed(), post=needs(ADMINISTER, 302),
                           data={"signature": "xid:79", "action": "reboot"}),
-    "repairs:node": Row(get=needs(VIEW, 200), post=not_allowed()),
+    "repairs:node": Row(get=needs(VIEW, 302), post=not_allowed()),  # to the node page
     # jobs
     "jobs:list": Row(get=needs(VIEW, 200), post=not_allowed()),
     "jobs:csv": Row(get=needs(VIEW, 200), post=not_allowed()),

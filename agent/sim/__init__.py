@@ -8,6 +8,8 @@
     hygiene.py     node hygiene's readings, events and commands, simulated
     checks.py      the active checks, with made-up but realistic measurements
     boot.py        the boot id kept in the state dir, and the simulated reboot
+    workload.py    the demo fleet's Slurm jobs, which its GPUs and job ends follow and the
+                   demo's Slurm commands (demo/slurm) list
     fleet.py       `python -m agent.sim.fleet`: many simulated nodes in one process
 
 Only the entry points import this package (agent.cli for --simulate, and the fleet):

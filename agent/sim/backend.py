@@ -8,7 +8,11 @@ and the same detectors as on a real node find them (agent/detectors, through
 make_watchers): a thermal fault sets the HW thermal bit (0x40) and the temperature in
 the readings; an Xid writes a real-format NVRM line into `kernel_log`, the simulated
 kernel log the Xid watcher reads; an ECC fault raises the GPU's volatile double-bit
-count. Only a lost GPU is the backend's own event, as on NVML."""
+count. Only a lost GPU is the backend's own event, as on NVML.
+
+In the demo fleet the GPUs follow the node's jobs (`job`, from agent/sim/workload.py): the
+GPUs a job holds replay the trace's loaded seconds, scaled to how hard the job works them,
+with its memory in use; the others replay its idle seconds."""
 
 import bisect
 import json
@@ -32,6 +36,12 @@ _GPU_UUID_NAMESPACE = uuid.UUID("6f1c3d2e-8a4b-5c6d-9e7f-0a1b2c3d4e5f")
 # The driver's Xid 154 line names no process (as real ones read); the other codes get
 # "pid='<unknown>', name=<unknown>, " and their description from NVIDIA's catalog.
 _XID_154_TEXT = "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"
+# The trace's idle seconds (before its load starts), what counts as its loaded readings, and
+# how long the demo fleet's GPUs hold each of those readings.
+IDLE_UNTIL_S = 10.0
+LOADED_FROM_PCT = 90
+LOADED_POWER_SHARE = 0.8  # of the trace's peak: not the seconds while the load ramps up
+TRACE_STEP_S = 1.0
 
 
 def load_fixture(name):
@@ -58,7 +68,7 @@ def kernel_pci_address(pci_bus_id):
 
 
 class SimulatedBackend:
-    def __init__(self, node_name, gpu_count=8, faults=(), clock=time.monotonic):
+    def __init__(self, node_name, gpu_count=8, faults=(), clock=time.monotonic, job=None):
         snapshot = load_fixture("nvml_snapshot.json")
         trace = load_fixture("nvml_trace.json")
         device = snapshot["devices"][0]
@@ -85,6 +95,12 @@ class SimulatedBackend:
         self._cycle_s = samples[-1]["t"] + trace["interval_s"]
         self._offsets = [index * self._cycle_s / gpu_count for index in range(gpu_count)]
         self._hot_temp_c = device["temp_slowdown_threshold_c"] + 2
+        # The job holding the node now (None: idle), and the trace's idle and loaded parts.
+        self._job = job
+        self._idle = [r for t, r in zip(self._times, self._readings) if t < IDLE_UNTIL_S]
+        peak_w = max(r["power_w"] for r in self._readings)
+        self._loaded = [r for r in self._readings if r["util_pct"] >= LOADED_FROM_PCT
+                        and r["power_w"] >= LOADED_POWER_SHARE * peak_w]
 
         self.kernel_log = SimulatedKernelLog()
         self._clock = clock
@@ -104,14 +120,19 @@ class SimulatedBackend:
 
     def read_gpus(self):
         elapsed = self._apply_faults()
+        job = self._job() if self._job is not None else None
         readings = []
         for gpu in self._gpus:
             index = gpu["index"]
             if index in self._lost:
                 continue
-            position = (elapsed + self._offsets[index]) % self._cycle_s
-            trace_index = bisect.bisect_right(self._times, position) - 1
-            reading = {"uuid": gpu["uuid"], **self._readings[trace_index]}
+            if self._job is None:
+                position = (elapsed + self._offsets[index]) % self._cycle_s
+                trace_index = bisect.bisect_right(self._times, position) - 1
+                reading = {"uuid": gpu["uuid"], **self._readings[trace_index]}
+            else:
+                reading = {"uuid": gpu["uuid"],
+                           **self._job_reading(gpu, job, elapsed + self._offsets[index])}
             if self._thermal_active(index, elapsed):
                 reading["clock_event_reasons"] |= CLOCK_EVENT_HW_THERMAL
                 reading["temp_c"] = max(reading["temp_c"], self._hot_temp_c)
@@ -151,6 +172,26 @@ class SimulatedBackend:
 
     def close(self):
         pass
+
+    def _job_reading(self, gpu, job, position):
+        """The GPU's reading with `job` on the node: loaded when the job holds it (the
+        first gpus_per_node GPUs), scaled to its intensity, with its memory; else idle."""
+        step = int(position / TRACE_STEP_S)
+        if job is None or gpu["index"] >= job.gpus_per_node:
+            return self._idle[step % len(self._idle)]
+        idle, loaded = self._idle[0], self._loaded[step % len(self._loaded)]
+        # Each GPU of a job works a little differently: its own share of the intensity.
+        share = job.intensity * (0.92 + 0.08 * ((gpu["index"] * 37 + step) % 11) / 10)
+
+        def between(key):
+            return idle[key] + (loaded[key] - idle[key]) * share
+
+        return {**loaded,
+                "util_pct": round(min(100, loaded["util_pct"] * share)),
+                "mem_util_pct": round(between("mem_util_pct")),
+                "mem_used_bytes": int(gpu["memory_total_bytes"] * job.memory_fraction),
+                "temp_c": round(between("temp_c")),
+                "power_w": round(between("power_w"), 1)}
 
     def _thermal_active(self, index, elapsed):
         return any(

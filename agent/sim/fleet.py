@@ -12,7 +12,7 @@ with its own state dir under --state-dir:
     <state-dir>/<node>/outbox.sqlite3      its unacked events
 
     python -m agent.sim.fleet --server ws://127.0.0.1:8000/ws/agent/ --state-dir var/fleet \\
-        --names 'gpu-{:03d}' --count 64 [--token-file FILE]
+        --names 'gpu-{:03d}' --count 64 [--token-file FILE] [--slurm-state FILE]
 
 The join token, for nodes without a node token, comes as the agent's does: --token-file,
 or CLUSTERUI_AGENT_TOKEN; never the command line.
@@ -44,6 +44,7 @@ from agent.connection.node_token import read_node_token
 from agent.connection.outbox import Outbox
 from agent.sim import build_simulated_node
 from agent.sim.inject import read_faults
+from agent.sim.workload import WorkloadFile
 
 log = logging.getLogger("agent.sim.fleet")
 
@@ -87,7 +88,7 @@ def build_client(name, args):
     phase = zlib.crc32(name.encode()) % 360
     node = build_simulated_node(
         config, host_metrics=lambda backend: SimulatedNodeMetrics(backend, phase=phase),
-        job_every_s=args.job_every or None).start()
+        workload=args.workload).start()
     outbox = Outbox(os.path.join(state_dir, OUTBOX_FILE))
     client = AgentClient(config, node, outbox=outbox, node_token=node_token, tls=args.tls)
     return client, outbox
@@ -129,11 +130,12 @@ def main(argv=None):
     parser.add_argument("--sample-interval", type=float, default=1.0, metavar="SECONDS")
     parser.add_argument("--simulated-boot", type=float, default=DEFAULT_SIMULATED_BOOT_S,
                         metavar="SECONDS", help="how long a node the server reboots stays down")
-    parser.add_argument("--job-every", type=float, default=0, metavar="SECONDS",
-                        help="a simulated job ends on each node about this often, its cleanup "
-                             "reported (default 0: never)")
+    parser.add_argument("--slurm-state", metavar="FILE",
+                        help="the simulated Slurm's state (agent/sim/workload.py): the nodes "
+                             "run its jobs and report their ends (default: no jobs)")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
+    args.workload = WorkloadFile(args.slurm_state) if args.slurm_state else None
     if args.token is not None:
         parser.error(f"--token: {TOKEN_ON_ARGV}")
     try:

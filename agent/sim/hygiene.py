@@ -12,8 +12,9 @@ say `"watched_by": "simulated"`.
     job_leftovers@<s>s  a job ends leaving a process on the GPU: its job_cleanup notice and
                         job_leftovers, which a reboot clears
 
-With `job_every_s`, a job also ends every so often (a little jitter), cleaned up without
-leftovers: a job_cleanup notice (the demo fleet's job ends). A simulated reboot ends the
+With `jobs` (the fleet's workload, agent/sim/workload.py), each of the node's jobs is
+cleaned up without leftovers when it ends: a job_cleanup notice naming it, as Slurm's
+accounting does (the demo fleet's job ends). A simulated reboot ends the
 zombies, the leftovers and faults not yet due, and restarts slurmd; a gres.conf drift is
 in a file and outlives it.
 """
@@ -39,14 +40,14 @@ class SimulatedHygiene:
 
     actions = ("cleanup", "reconfigure")
 
-    def __init__(self, node_name, backend, faults=(), *, job_every_s=None,
+    def __init__(self, node_name, backend, faults=(), *, jobs=None,
                  flap_window_s=FLAP_WINDOW_S, clock=time.monotonic, wall=time.time, rng=None):
         self.node_name = node_name
         self._backend = backend
         self._faults = [fault for fault in faults if fault.kind in (
             "gres_drift", "zombies", "slurmd_flap", "job_leftovers")]
         self._fired = set()
-        self._job_every_s = job_every_s
+        self._jobs = jobs
         self._flap_window_s = flap_window_s
         self._clock, self._wall = clock, wall
         self._rng = rng or random.Random(node_name)
@@ -61,7 +62,7 @@ class SimulatedHygiene:
         self._zombies = 0
         self._gres_drift = False
         self._leftover_job = None
-        self._next_job_at = self._started + self._job_gap()
+        self._jobs_seen_until = wall()
         self._job_id = 10000 + self._rng.randrange(90000)
 
     # The watcher's side
@@ -76,9 +77,8 @@ class SimulatedHygiene:
                 self._fired.add(number)
                 self._start(fault, now)
         self._flap_on(now)
-        if self._job_every_s and now >= self._next_job_at:
-            self._next_job_at = now + self._job_gap()
-            self._events += self._job_end(leftover_gpu=None)
+        if self._jobs is not None:
+            self._report_ended_jobs()
         events, self._events = self._events, []
         return events
 
@@ -136,7 +136,7 @@ class SimulatedHygiene:
         elif fault.kind == "slurmd_flap":
             self._flap_due = [now + i * FLAP_GAP_S for i in range(FLAP_RESTARTS)]
         elif fault.kind == "job_leftovers":
-            self._events += self._job_end(leftover_gpu=fault.gpu)
+            self._events += self._job_end(*self._last_job(), leftover_gpu=fault.gpu)
 
     def _flap_on(self, now):
         for due in list(self._flap_due):
@@ -223,10 +223,26 @@ class SimulatedHygiene:
                     f"(pid {parent['pid']}) {ZOMBIES}",
             detail={"zombies": ZOMBIES, "threshold": 10, "processes": processes})
 
-    def _job_end(self, *, leftover_gpu):
-        """A job's job_cleanup notice, and job_leftovers when it left a GPU process."""
+    def _report_ended_jobs(self):
+        now = self._wall()
+        workload = self._jobs.current()
+        for job in workload.ended_on(self.node_name, self._jobs_seen_until, now, now):
+            self._events += self._job_end(job.id, job.user, leftover_gpu=None)
+        self._jobs_seen_until = now
+
+    def _last_job(self):
+        """(id, user) of the node's last job: the workload's latest to end on it, or one
+        made up without a workload."""
+        if self._jobs is not None:
+            now = self._wall()
+            ended = self._jobs.current().ended_on(self.node_name, now - 86400, now, now)
+            if ended:
+                return ended[-1].id, ended[-1].user
         self._job_id += 1 + self._rng.randrange(40)
-        job, user = str(self._job_id), self._rng.choice(USERS)
+        return str(self._job_id), self._rng.choice(USERS)
+
+    def _job_end(self, job, user, *, leftover_gpu):
+        """A job's job_cleanup notice, and job_leftovers when it left a GPU process."""
         found = self._rng.randint(1, 4)
         shm_bytes = self._rng.choice((0, 64, 256)) * 2**20
         holders = []
@@ -261,6 +277,3 @@ class SimulatedHygiene:
                     f"cleanup: python3 (pid {holders[0]['pid']}) on GPU {leftover_gpu}",
             detail={"job_id": job, "user": user, "gpu_processes": holders})]
 
-    def _job_gap(self):
-        every = self._job_every_s or 0
-        return every * self._rng.uniform(0.5, 1.5)

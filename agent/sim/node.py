@@ -2,8 +2,9 @@
 agent.node.build_node, with the simulated backend (replaying a real H200, with the
 --inject faults), its kernel log for the Xid watcher, its node hygiene, checks, reboot and
 boot id, and no Slurm (a simulated node is not a Slurm node, even on a machine with
-scontrol)."""
+scontrol) unless it runs the demo's simulated Slurm (agent/sim/workload.py)."""
 
+import time
 from importlib import resources
 
 from agent.detectors import reading_watchers
@@ -19,22 +20,27 @@ from agent.work.bundles import BundleCommand
 from agent.work.commands import CommandSet
 
 
-def build_simulated_node(config, *, host_metrics=None, job_every_s=None):
+def build_simulated_node(config, *, host_metrics=None, workload=None):
     """A simulated node for config (node_name, gpus, inject, state_dir, simulated_boot_s,
     hygiene, throttle_hold_s). host_metrics(backend): the node's CPU, memory and network
-    reader (default: this machine's, NodeMetrics). job_every_s: a simulated job ends about
-    this often (the demo fleet; default never). Start it with node.start()."""
-    backend = SimulatedBackend(config.node_name, gpu_count=config.gpus, faults=config.inject)
+    reader (default: this machine's, NodeMetrics). workload: the fleet's jobs
+    (agent.sim.workload.WorkloadFile; the demo), which its GPUs and job ends follow; default
+    none. Start it with node.start()."""
+    running = None if workload is None else (
+        lambda: workload.current().running_on(config.node_name, time.time()))
+    backend = SimulatedBackend(config.node_name, gpu_count=config.gpus, faults=config.inject,
+                               job=running)
     return Node(
         name=config.node_name, backend=backend, boot_id=simulated_boot_id(config.state_dir),
         node_metrics=host_metrics(backend) if host_metrics else NodeMetrics(),
-        read_slurm=no_slurm, kind="simulated",
-        start_work=lambda node: _start_work(config, node, job_every_s))
+        read_slurm=no_slurm if workload is None else simulated_slurm(workload),
+        kind="simulated",
+        start_work=lambda node: _start_work(config, node, workload))
 
 
-def _start_work(config, node, job_every_s):
+def _start_work(config, node, workload):
     backend = node.backend
-    hygiene = simulated_hygiene(config, backend, job_every_s=job_every_s)
+    hygiene = simulated_hygiene(config, backend, workload=workload)
     node.watchers = simulated_watchers(config, backend) + hygiene.watchers
     node.check_runner = SimulatedCheckRunner(backend, config.state_dir)
     node.command_handler = simulated_command_handler(config, backend, hygiene)
@@ -46,20 +52,28 @@ def no_slurm(node_name):
     return None
 
 
+def simulated_slurm(workload):
+    """The hello's `slurm` of a node of the demo fleet: the simulated Slurm's state of it."""
+    def read(node_name):
+        state, reason = workload.current().node_state(node_name, time.time())
+        return {"state": state, "reason": reason}
+    return read
+
+
 def simulated_watchers(config, backend):
     """Throttle, ECC, and Xid from the backend's simulated kernel log; started."""
     gpus = backend.gpus()
     return reading_watchers(config) + [XidWatcher(gpus, [backend.kernel_log])]
 
 
-def simulated_hygiene(config, backend, *, job_every_s=None):
-    """Node hygiene on a simulated node: simulated (agent/sim/hygiene.py, with a clean job
-    ending about every `job_every_s`, when given) unless said; with hygiene asked for, the
+def simulated_hygiene(config, backend, *, workload=None):
+    """Node hygiene on a simulated node: simulated (agent/sim/hygiene.py, reporting the
+    ends of the workload's jobs, when given) unless said; with hygiene asked for, the
     real watchers on this machine's processes and Slurm daemons beside the simulated GPUs
     (the tests); none with hygiene off."""
     if config.hygiene.enabled is None:
         simulated = SimulatedHygiene(config.node_name, backend, config.inject,
-                                     job_every_s=job_every_s)
+                                     jobs=workload)
         parts = {part: (lambda part=part: simulated.status_of(part))
                  for part in ("slurmd", "processes", "gres")}
         return Hygiene(watchers=[simulated], parts=parts, commands=simulated)

@@ -221,7 +221,7 @@ def test_in_the_fleet_only_the_node_asked_reboots(tmp_path):
             server.on_welcome = on_welcome
             args = Namespace(server=server.url, state_dir=str(tmp_path), token="join-1",
                              tls=None, gpus=2, sample_interval=0.05, simulated_boot=0.1,
-                             job_every=0)
+                             workload=None)
             built = [fleet.build_client(name, args) for name in ("gpu-001", "gpu-002")]
             async with running(*(client for client, _ in built)):
                 await until(lambda: len(hellos(server, "gpu-001")) == 2

@@ -375,7 +375,9 @@ def test_the_watcher_opens_and_clears_pid_pressure():
     assert detail["pct"] == round(detail["tasks"] / detail["pid_max"] * 100, 1)
     assert detail["threshold_pct"] == 0.001
     assert 1 <= len(detail["top_users"]) <= 5
-    assert sum(user["tasks"] for user in detail["top_users"]) <= detail["tasks"]
+    # The count (/proc/loadavg) and the scan by user are two reads of a machine whose tasks
+    # come and go in between (the suite runs beside it): they agree within a few percent.
+    assert sum(user["tasks"] for user in detail["top_users"]) <= detail["tasks"] * 1.05
     assert "root" in {user["user"] for user in detail["top_users"]}
     assert opened["message"].startswith(f"{detail['tasks']} tasks of pid_max {detail['pid_max']}")
     assert (cleared["signature"], cleared["severity"], cleared["state"]) == (

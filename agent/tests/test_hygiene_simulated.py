@@ -9,6 +9,7 @@ from agent.connection.protocol import encode
 from agent.sim.backend import SimulatedBackend
 from agent.sim.hygiene import SimulatedHygiene
 from agent.sim.node import simulated_hygiene
+from agent.sim.workload import Workload
 
 NODE = "gpu-020"
 
@@ -102,13 +103,32 @@ def test_job_leftovers_come_with_their_job_and_a_reboot_clears_them():
     assert poll_at(hygiene, clock, 100) == []  # the drift, not yet due, never comes
 
 
-def test_with_job_every_jobs_end_cleanly_now_and_then():
-    hygiene, _, clock = simulated(job_every_s=60)
-    notices = [e for t in range(0, 601, 5) for e in poll_at(hygiene, clock, t)]
-    assert 5 <= len(notices) <= 20
+class FixedWorkload:
+    """WorkloadFile's interface, for a workload that does not change."""
+
+    def __init__(self, workload):
+        self.workload = workload
+
+    def current(self):
+        return self.workload
+
+
+def test_with_a_workload_each_job_that_ends_on_the_node_is_cleaned_up_by_its_id():
+    workload = Workload([f"gpu-{i:03d}" for i in range(1, 41)], seed="hygiene")
+    hygiene, _, clock = simulated(jobs=FixedWorkload(workload))
+    wall_start = clock.now + 1.7e9
+    notices = [e for t in range(0, 6 * 3600 + 1, 60) for e in poll_at(hygiene, clock, t)]
+    ended = workload.ended_on(NODE, wall_start, clock.now + 1.7e9, clock.now + 1.7e9)
+    assert ended, "six hours without a job ending on the node"
+    assert [(e["detail"]["job_id"], e["detail"]["user"]) for e in notices] == [
+        (job.id, job.user) for job in ended]
     assert {e["signature"] for e in notices} == {"job_cleanup"}
     assert all(e["message"].endswith("GPUs clean") for e in notices)
-    assert len({e["detail"]["job_id"] for e in notices}) == len(notices)
+
+
+def test_without_a_workload_no_job_ends():
+    hygiene, _, clock = simulated()
+    assert [e for t in range(0, 3601, 60) for e in poll_at(hygiene, clock, t)] == []
 
 
 def test_a_simulated_agent_simulates_hygiene_unless_told_otherwise(tmp_path):

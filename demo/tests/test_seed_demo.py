@@ -82,7 +82,7 @@ def test_it_seeds_the_demo_cluster(embedded):
     assert cluster.os_image == "Ubuntu 22.04 LTS"
     assert str(cluster.billing_rate_per_gpu_hour) == "2.1000"
     assert cluster.acceptance_tests_enabled is False
-    assert (cluster.repair_settings.provider, cluster.scheduler) == ("simulated", "none")
+    assert (cluster.repair_settings.provider, cluster.scheduler) == ("simulated", "slurm")
 
     nodes = list(Node.objects.filter(cluster=cluster).order_by("name"))
     assert [n.name for n in nodes] == [f"gpu-{i:03d}" for i in range(1, 65)]
@@ -268,6 +268,39 @@ def test_it_prepares_the_simulated_fleet(embedded, tmp_path):
     assert (tmp_path / "gpu-012" / "inject").read_text().strip() == demo.FLEET_FAULTS["gpu-012"]
     assert not (tmp_path / "gpu-001" / "inject").exists()
     assert node.state == "healthy"  # the faults land on healthy nodes
+
+
+def test_the_simulated_slurm_gets_its_state_and_the_jobs_come_from_its_sacct(
+        embedded, tmp_path, monkeypatch):
+    import json
+    import os
+    import sys
+    from pathlib import Path
+
+    from jobs.models import Job
+
+    state = tmp_path / "slurm.json"
+    monkeypatch.setenv("DEMO_SLURM_STATE", str(state))
+    monkeypatch.setenv("DEMO_SLURM_PYTHON", sys.executable)
+    bin_dir = Path(demo.__file__).resolve().parent / "bin"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    out = seed("--fleet-dir", str(tmp_path), "--import-jobs")
+    saved = json.loads(state.read_text())
+    assert saved["nodes"] == demo.node_names() and saved["drains"] == saved["jobs"] == {}
+
+    jobs = Job.objects.filter(cluster__slug="demo")
+    assert re.search(rf"jobs from the simulated Slurm: {jobs.count()} new, 0 updated", out)
+    assert jobs.count() > 1000 and jobs.filter(state="RUNNING", gpus=64).exists()
+    assert {"alice", "bob", "chen", "dana", "erik", "fatima"} <= set(
+        jobs.values_list("user", flat=True))
+
+    # Kept as the operators left it, unless the demo is reset.
+    saved["drains"] = {"gpu-001": [{"from": 1.0, "until": None, "reason": "kept"}]}
+    state.write_text(json.dumps(saved))
+    seed("--fleet-dir", str(tmp_path))
+    assert json.loads(state.read_text())["drains"] != {}
+    seed("--fleet-dir", str(tmp_path), "--reset")
+    assert json.loads(state.read_text())["drains"] == {}
 
 
 def test_the_demo_channel_posts_to_the_receiver_with_a_key_in_a_file(embedded, tmp_path):

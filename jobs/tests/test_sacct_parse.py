@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.sacct import expand_hostlist, parse_elapsed, parse_sacct
+from common.hostlist import expand_hostlist
+from jobs.sacct import parse_elapsed, parse_sacct
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -143,7 +143,8 @@ def test_an_operator_asks_again(node, operator):
 def test_the_node_page_says_what_holds_it_back_and_asks_again(client_for, node, operator):
     rejected(node, operator, at=timezone.now())
     client = client_for(operator)
-    section = client.get(reverse("repairs:node", args=[node.cluster.slug, node.name])).text
+    section = client.get(reverse("repairs:node", args=[node.cluster.slug, node.name]),
+                         HTTP_HX_REQUEST="true").text
     assert "No new recommendation for its open events" in section
     assert "until these events close" in section and "Recommend again" in section
     client.post(reverse("repairs:recommend_again", args=[node.cluster.slug, node.name]))

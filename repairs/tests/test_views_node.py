@@ -118,4 +118,6 @@ def test_the_section_alone_is_what_the_page_refetches(client_for, operator, outs
     assert f'id="repair-{repair.public_id}"' in text
     # Its cancel form, sent without JavaScript, comes back to the node page.
     assert f'name="next" value="{page(node)}"' in text
+    # Opened directly (a bookmark), the section is the node's page, where it is.
+    assert client_for(operator).get(url).url == page(node)
     assert client_for(outsider).get(url).status_code == 403

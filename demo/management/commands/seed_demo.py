@@ -4,6 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from demo import seed as demo
+from jobs.services import do_import_jobs
 
 
 class Command(BaseCommand):
@@ -28,12 +29,16 @@ class Command(BaseCommand):
                  "(scripts/demo_receiver.py), its signing key written to --receiver-key-file")
         parser.add_argument("--receiver-key-file", metavar="FILE")
         parser.add_argument(
+            "--import-jobs", action="store_true",
+            help="then import the demo cluster's jobs from the simulated Slurm's sacct "
+                 "(demo/bin/ on the PATH, as scripts/demo.sh sets it)")
+        parser.add_argument(
             "--dry-run", action="store_true",
             help="do everything in a transaction, report, and roll it back",
         )
 
     def handle(self, *args, reset=False, dry_run=False, fleet_dir=None, receiver_url=None,
-               receiver_key_file=None, **options):
+               receiver_key_file=None, import_jobs=False, **options):
         if receiver_url and not receiver_key_file:
             raise CommandError("--receiver-url needs --receiver-key-file")
         started = time.monotonic()
@@ -41,7 +46,7 @@ class Command(BaseCommand):
             with transaction.atomic():
                 result = demo.seed(reset=reset)
                 if fleet_dir and not dry_run:
-                    demo.prepare_fleet(fleet_dir)
+                    demo.prepare_fleet(fleet_dir, reset=reset)
                 if receiver_url and not dry_run:
                     demo.prepare_receiver(receiver_url, receiver_key_file)
                 if dry_run:
@@ -73,3 +78,10 @@ class Command(BaseCommand):
             f"  {result.transitions} state transitions, {result.events} health events "
             f"({result.open_events} open), {result.rollups} minutes of usage"
         )
+        if import_jobs and not dry_run:
+            imported = do_import_jobs(cluster)
+            if imported.error:
+                self.stderr.write(f"  no jobs imported: {imported.error}")
+            else:
+                self.stdout.write(f"  jobs from the simulated Slurm: {imported.created} new, "
+                                  f"{imported.updated} updated")

@@ -1,0 +1,5 @@
+import sys
+
+from demo.slurm.commands import main
+
+sys.exit(main())
