@@ -58,7 +58,8 @@ GPUS_PER_NODE = 8
 # Faults the live demo fleet injects a while after `make demo` starts, on nodes that are
 # healthy at the end of the seeded day (the day's script leaves them out).
 FLEET_FAULTS = {
-    "gpu-012": "xid:79@90s:gpu3",
+    # GPU 3 falls off the bus: the kernel's Xid 79, and NVML no longer sees it (gpu_lost).
+    "gpu-012": "xid:79@90s:gpu3,gpu_lost@90s:gpu3",
     "gpu-040": "thermal@45s+60s:gpu5",
     # Node hygiene (agent/sim/hygiene.py): a reconfigure to approve, zombies to clean
     # up, a slurmd that keeps dying, and a job that leaves GPU memory held.

@@ -102,6 +102,7 @@ class SimulatedBackend:
         self._loaded = [r for r in self._readings if r["util_pct"] >= LOADED_FROM_PCT
                         and r["power_w"] >= LOADED_POWER_SHARE * peak_w]
 
+        self.gpu_count = gpu_count  # as built: lost GPUs included
         self.kernel_log = SimulatedKernelLog()
         self._clock = clock
         self._start = clock()

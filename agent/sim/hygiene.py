@@ -96,10 +96,11 @@ class SimulatedHygiene:
         if part == "processes":
             return {"zombies": self._zombies, "orphans": 0, "tasks": TASKS + self._zombies,
                     "pid_max": PID_MAX, "checked_at": checked_at}
-        gpus = len(self._backend.gpus())
-        return {"match": not self._gres_drift, "nvml_gpus": gpus,
-                "slurm_gpus": gpus - 1 if self._gres_drift else gpus, "checked_at": checked_at,
-                "not_compared": None}
+        # gres.conf names every GPU the node was built with; NVML sees those still on the bus.
+        nvml = len(self._backend.gpus())
+        slurm = self._backend.gpu_count - (1 if self._gres_drift else 0)
+        return {"match": nvml == slurm, "nvml_gpus": nvml, "slurm_gpus": slurm,
+                "checked_at": checked_at, "not_compared": None}
 
     # The commands' side
 

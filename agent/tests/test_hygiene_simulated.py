@@ -49,6 +49,14 @@ def test_a_healthy_simulated_node_reports_readings_and_no_events():
                                          "checked_at": clock.now + 1.7e9, "not_compared": None}
 
 
+def test_a_gpu_off_the_bus_leaves_nvml_one_short_of_slurm():
+    hygiene, backend, clock = simulated("gpu_lost@10s:gpu3")
+    poll_at(hygiene, clock, 20)
+    assert [e["signature"] for e in backend.take_events()] == ["gpu_lost"]
+    assert hygiene.status_of("gres") == {"match": False, "nvml_gpus": 7, "slurm_gpus": 8,
+                                         "checked_at": clock.now + 1.7e9, "not_compared": None}
+
+
 def test_gres_drift_opens_and_the_servers_reconfigure_clears_it():
     hygiene, _, clock = simulated("gres_drift@30s")
     assert poll_at(hygiene, clock, 29) == []
