@@ -4,6 +4,7 @@ signals, open signatures and check choices), so the nodes app never imports heal
 them: its templates load this library."""
 
 import json
+from datetime import timedelta
 
 from django import template
 from django.utils import timezone
@@ -26,6 +27,24 @@ register = template.Library()
 def held_for(event):
     """"held 16 min, up to 88 °C" for a held signal; "" otherwise."""
     return held_signal_text(event, timezone.now())
+
+
+# The Jobs tab's period fields (datetime-local inputs): local time, whole seconds.
+JOBS_PERIOD_FORMAT = "%Y-%m-%dT%H:%M:%S"
+
+
+@register.simple_tag
+def jobs_at_the_time(event):
+    """The Jobs tab's query for the jobs on the event's node while it was open: its period in
+    the form's own format (so the fields show it), whole seconds, at least one second long (a
+    notice opens and closes within one)."""
+    start = timezone.localtime(event.first_seen).replace(microsecond=0)
+    query = QueryDict(mutable=True)
+    query.update({"node": event.node.name, "start": start.strftime(JOBS_PERIOD_FORMAT)})
+    if event.closed_at is not None:
+        end = timezone.localtime(event.closed_at).replace(microsecond=0) + timedelta(seconds=1)
+        query["end"] = end.strftime(JOBS_PERIOD_FORMAT)
+    return query.urlencode()
 
 
 @register.filter

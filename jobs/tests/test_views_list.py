@@ -181,3 +181,22 @@ def test_a_health_event_links_to_the_jobs_on_its_node_at_that_time(client_for, v
     link = htmllib.unescape(re.search(r'href="([^"]*)"[^>]*>jobs at that time<', html)[1])
     response = client_for(viewer).get(link)
     assert [j.job_id for j in response.context["page"]] == ["2"]
+    # The form shows the period it lists, in the fields' own format.
+    assert 'name="start" value="2026-11-01T05:10:00"' in response.text
+    assert response.context["filters"].errors == {}
+
+
+def test_a_notice_closed_within_its_second_links_to_a_valid_period(client_for, viewer,
+                                                                   cluster, jobs):
+    node = NodeFactory(cluster=cluster, name="gpu-002")
+    at = T0 + timedelta(hours=5, minutes=10, microseconds=250_000)
+    HealthEvent.objects.create(node=node, signature="job_cleanup", severity="info",
+                               first_seen=at, last_seen=at, closed_at=at)
+    html = client_for(viewer).get(reverse("healthchecks:list", args=[cluster.slug])
+                                  + "?open=any").content.decode()
+    import html as htmllib
+    import re
+    link = htmllib.unescape(re.search(r'href="([^"]*)"[^>]*>jobs at that time<', html)[1])
+    response = client_for(viewer).get(link)
+    assert response.context["filters"].errors == {}
+    assert 'name="end" value="2026-11-01T05:10:01"' in response.text
