@@ -85,6 +85,28 @@ def test_a_viewer_signs_in_and_sees_the_overview(page, console, fleet):
     assert_no_csp_violations(console)
 
 
+NETWORK_AXIS = "document.getElementById('usage-chart').layout.yaxis2"
+SUMMARY = """gbps => document.body.dispatchEvent(new CustomEvent("cluster-summary", {detail: {
+    at: Date.now() / 1000, counts: {}, usage: {gpu_util_pct: 50, gpu_mem_used_pct: 40,
+    net_gbps: gbps}}}))"""
+
+
+def test_the_network_axis_keeps_round_ticks_and_only_grows(page, fleet):
+    cluster, _ = fleet
+    UserFactory(username="vera", role=Role.VIEWER)
+    page.goto(f"/c/{cluster.slug}/")
+    sign_in(page, "vera", "password")
+    page.wait_for_function(f"{NETWORK_AXIS} !== undefined")
+    assert page.evaluate(f"[{NETWORK_AXIS}.range, {NETWORK_AXIS}.dtick]") == [[0, 1], 0.2]
+    page.evaluate(SUMMARY, 38.5)
+    assert page.evaluate(f"[{NETWORK_AXIS}.range, {NETWORK_AXIS}.dtick]") == [[0, 50], 10]
+    page.evaluate(SUMMARY, 20)  # lower: the axis stays as it was
+    page.evaluate(SUMMARY, 45)
+    assert page.evaluate(f"[{NETWORK_AXIS}.range, {NETWORK_AXIS}.dtick]") == [[0, 50], 10]
+    page.evaluate(SUMMARY, 309)
+    assert page.evaluate(f"{NETWORK_AXIS}.range") == [0, 500]
+
+
 def test_a_viewer_may_not_create_a_cluster(page, console):
     UserFactory(username="vera", role=Role.VIEWER)
 

@@ -24,6 +24,19 @@
   function lastHour(endMs) {
     return [new Date(endMs - 3600e3).toISOString(), new Date(endMs).toISOString()];
   }
+  // The network axis: 0 to a round number (1, 2 or 5 times a power of ten) above the
+  // highest value yet, in five steps; it only grows, so its ticks stay put as points arrive.
+  function roundCeiling(value) {
+    const power = Math.pow(10, Math.floor(Math.log10(Math.max(value, 1))));
+    for (const step of [1, 2, 5, 10]) {
+      if (step * power >= value) return step * power;
+    }
+    return 10 * power;
+  }
+  function networkAxis(top) {
+    return { range: [0, top], dtick: top / 5 };
+  }
+  let networkTop = roundCeiling(Math.max.apply(null, [1].concat(s.net_gbps.filter(Number.isFinite))));
   const names = ["GPU utilization %", "GPU memory %", "network Gb/s"];
   const traces = [
     { name: names[0], x: s.minute, y: s.gpu_util_pct, line: { color: "#2f5bd1" } },
@@ -36,7 +49,8 @@
     // Always the last hour, sliding as live points arrive (also before any history exists).
     xaxis: { type: "date", range: lastHour(Date.now()) },
     yaxis: { title: { text: "%" }, range: [0, 100] },
-    yaxis2: { title: { text: "Gb/s" }, overlaying: "y", side: "right", rangemode: "tozero", showgrid: false },
+    yaxis2: Object.assign({ title: { text: "Gb/s" }, overlaying: "y", side: "right", showgrid: false },
+                          networkAxis(networkTop)),
   };
   Plotly.newPlot(el, traces, layout, { displaylogo: false, responsive: true });
 
@@ -49,6 +63,13 @@
       x: [[t], [t], [t]],
       y: [[usage.gpu_util_pct], [usage.gpu_mem_used_pct], [usage.net_gbps]],
     }, [0, 1, 2], HOUR_OF_SECONDS);
-    Plotly.relayout(el, { "xaxis.range": lastHour(e.detail.at * 1000) });
+    const update = { "xaxis.range": lastHour(e.detail.at * 1000) };
+    if (usage.net_gbps > networkTop) {
+      networkTop = roundCeiling(usage.net_gbps);
+      const axis = networkAxis(networkTop);
+      update["yaxis2.range"] = axis.range;
+      update["yaxis2.dtick"] = axis.dtick;
+    }
+    Plotly.relayout(el, update);
   });
 })();
