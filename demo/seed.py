@@ -15,6 +15,7 @@ import itertools
 import json
 import random
 import uuid
+import zlib
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cache
@@ -26,6 +27,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from clusters.forms import ClusterCreateForm
+from common.bulk_sql import insert_rows
 from clusters.models import Cluster
 from clusters.roles import Role, assign_role
 from clusters.services import do_create_cluster
@@ -33,7 +35,8 @@ from healthchecks.choices import Severity
 from healthchecks.models import HealthEvent
 from healthchecks.services import do_close_health_event, do_record_health_event
 from nodes.choices import DISPLAY_ORDER
-from nodes.models import ClusterRollup, Node, NodeTransition
+from nodes.models import ClusterRollup, Node, NodeRollup, NodeTransition
+from nodes.rollups import GPU_METRICS, NODE_METRICS
 from nodes.services import (
     do_issue_node_token,
     do_pause_node,
@@ -50,7 +53,8 @@ from repairs.models import RepairSettings
 from agent.connection.node_token import save_node_token
 from agent.sim import INJECT_FILE, SIMULATED_BOOT_ID_FILE, SimulatedBackend
 from agent.sim.backend import load_fixture
-from agent.sim.workload import new_state
+from agent.sim.fleet import SimulatedNodeMetrics
+from agent.sim.workload import Workload, new_state
 
 CLUSTER_SLUG = "demo"
 NODE_COUNT = 64
@@ -71,7 +75,10 @@ FLEET_FAULTS = {
 AGENT_VERSION = "1.0.0"
 RANDOM_SEED = 20250817
 HISTORY = timedelta(hours=24)
-ROLLUP_MINUTES = 60
+HISTORY_MINUTES = int(HISTORY.total_seconds() // 60)
+HISTORY_SAMPLE_SECOND = 30  # of each seeded minute, the one its reading is taken at
+HISTORY_INSERT_ROWS = 2000
+ALL_GPUS = frozenset(range(GPUS_PER_NODE))
 
 # username, role: the password is the username (embedded mode only).
 ACCOUNTS = (("demo", Role.OPERATOR), ("admin", Role.ADMIN))
@@ -191,7 +198,8 @@ class Script:
         self.nodes = {}
         self.boots = {}  # node name -> boots so far
         self.events = {}  # (node name, key) -> open HealthEvent
-        # For the usage history: (node name, gpus offline, from, until) and pause intervals.
+        # For the usage history: (node name, GPU indexes offline, from, until) and pause
+        # intervals.
         self.offline = []
         self.paused = []
 
@@ -236,7 +244,7 @@ class Script:
     def reboot(self, name, t, *, down_s=None):
         """The node goes down and comes back: a hello with a new boot_id at t."""
         down_s = down_s if down_s is not None else self.rng.randint(150, 300)
-        self.offline.append((name, 8, t - timedelta(seconds=down_s), t))
+        self.offline.append((name, ALL_GPUS, t - timedelta(seconds=down_s), t))
         self.hello(name, t, reboot=True)
 
     def xid(self, name, code, gpu, t, *, back=None):
@@ -255,7 +263,7 @@ class Script:
             )
         self.at(t, act)
         if code == 79:
-            self.offline.append((name, 1, t, back or self.now))
+            self.offline.append((name, frozenset([gpu]), t, back or self.now))
 
     def thermal(self, name, gpu, t):
         slowdown = gpu_facts()["slowdown_c"]
@@ -366,50 +374,61 @@ def write_script(script):
 
 # --- usage history ---------------------------------------------------------------------------
 
-def usage_rollups(cluster, script, rng):
-    """ClusterRollup rows for the last hour, from the real H200 trace: each minute a share of
-    the schedulable nodes runs the trace's bf16 matmul phase and the rest idle."""
-    samples = trace()["samples"]
-    busy = [s for s in samples if s["utilization"]["gpu"] >= 50]
-    idle = [s for s in samples if s["utilization"]["gpu"] == 0]
-    total = gpu_facts()["memory_total_bytes"]
+def usage_history(cluster, script):
+    """A day of per-minute usage (NodeRollup and ClusterRollup rows), from the simulation the
+    live fleet runs: each node's GPUs follow the simulated Slurm's job of that minute
+    (agent/sim/workload.py, through SimulatedBackend and the fleet's node metrics), so the
+    seeded history joins the live data without a step. A node down or a GPU off the bus (the
+    day's script) leaves its gap."""
     names = node_names()
-    # The 60 complete minutes before now; the minute under way is the live rollup writer's.
+    workload = Workload(names, seed=CLUSTER_SLUG)
+    node_ids = dict(Node.objects.filter(cluster=cluster).values_list("name", "pk"))
+    # The complete minutes of the day before now; the minute under way is the live writers'.
     last = script.now.replace(second=0, microsecond=0) - timedelta(minutes=1)
-    # The live fleet replays the trace on every GPU, so the seeded hour runs the same share
-    # of load as the trace does, drifting a little minute to minute.
-    usual = len(busy) / len(samples)
-    share = usual
+    minutes = [last - timedelta(minutes=m) for m in range(HISTORY_MINUTES - 1, -1, -1)]
+    now_s = script.now.timestamp()
+    clock = [0.0]
+    totals = {minute: [0.0, 0, 0.0, 0, 0.0] for minute in minutes}  # util, GPUs, used, total, net
     rows = []
-    for m in range(ROLLUP_MINUTES - 1, -1, -1):
-        minute = last - timedelta(minutes=m)
-        off = {}
-        for name, gpus, t0, t1 in script.offline:
-            if t0 <= minute + timedelta(seconds=59) and minute <= t1:
-                off[name] = max(off.get(name, 0), gpus)
-        paused = {name for name, t0, t1 in script.paused if t0 <= minute <= t1}
-        share = min(usual + 0.07, max(usual - 0.07, share + 0.2 * (usual - share)
-                                      + rng.gauss(0, 0.02)))
-        schedulable = [n for n in names if n not in paused and off.get(n, 0) < 8]
-        loaded = set(rng.sample(schedulable, round(share * len(schedulable))))
-        util = mem = reporting = 0
-        for name in names:
-            gpus = 8 - off.get(name, 0)
-            for _ in range(gpus):
-                sample = rng.choice(busy if name in loaded else idle)
-                util += sample["utilization"]["gpu"]
-                mem += sample["memory"]["used"]
-            reporting += gpus
-        # InfiniBand: collective traffic of the busy nodes, a trickle from the idle ones.
-        net = sum(8 * rng.uniform(60e6, 75e6) for _ in loaded) + (len(names) - len(loaded)) * 4e5
-        rows.append(ClusterRollup(
-            cluster=cluster, minute=minute, gpus_reporting=reporting,
-            gpu_util_pct=util / reporting, gpu_mem_used_pct=100 * mem / (reporting * total),
-            net_bps=net,
-        ))
-    ClusterRollup.objects.bulk_create(rows)
-    return rows
-
+    for name in names:
+        jobs = [job for job in workload.jobs_on(name, minutes[0].timestamp(), now_s, now_s)
+                if job.start is not None]
+        running = [None]
+        backend = SimulatedBackend(name, gpu_count=GPUS_PER_NODE, clock=lambda: clock[0],
+                                   job=lambda: running[0])
+        host = SimulatedNodeMetrics(backend, phase=zlib.crc32(name.encode()) % 360)
+        memory = backend.gpus()[0]["memory_total_bytes"]
+        down = [(indexes, t0, t1) for node, indexes, t0, t1 in script.offline if node == name]
+        for minute in minutes:
+            offline = set()
+            for indexes, t0, t1 in down:
+                if t0 <= minute + timedelta(seconds=59) and minute <= t1:
+                    offline |= indexes
+            if len(offline) == GPUS_PER_NODE:
+                continue  # down: no sample that minute
+            # One reading a minute, the minute's mean and peak alike.
+            clock[0] = t = minute.timestamp() + HISTORY_SAMPLE_SECOND
+            running[0] = next((job for job in jobs if job.start <= t
+                               and (job.end is None or t < job.end)), None)
+            readings = [gpu for i, gpu in enumerate(backend.read_gpus()) if i not in offline]
+            gpus = {gpu["uuid"]: {m: [gpu[m], gpu[m]] for m in GPU_METRICS} for gpu in readings}
+            host_readings = host.following(readings, t)
+            node_metrics = {m: [host_readings[m], host_readings[m]] for m in NODE_METRICS}
+            rows.append((node_ids[name], minute, gpus, node_metrics))
+            total = totals[minute]
+            total[0] += sum(gpu["util_pct"] for gpu in readings)
+            total[1] += len(readings)
+            total[2] += sum(gpu["mem_used_bytes"] for gpu in readings)
+            total[3] += len(readings) * memory
+            total[4] += host_readings["net_rx_bps"] + host_readings["net_tx_bps"]
+    for start in range(0, len(rows), HISTORY_INSERT_ROWS):
+        insert_rows(NodeRollup, ("node", "minute", "gpus", "node_metrics"),
+                    rows[start:start + HISTORY_INSERT_ROWS])
+    ClusterRollup.objects.bulk_create(
+        ClusterRollup(cluster=cluster, minute=minute, gpus_reporting=count,
+                      gpu_util_pct=util / count, gpu_mem_used_pct=100 * used / memory,
+                      net_bps=net)
+        for minute, (util, count, used, memory, net) in totals.items() if count)
 
 # --- the whole seed --------------------------------------------------------------------------
 
@@ -487,7 +506,7 @@ def seed(*, reset=False, now=None):
     script = Script(cluster, users, now, rng)
     write_script(script)
     script.run()
-    usage_rollups(cluster, script, rng)
+    usage_history(cluster, script)
     return summarize(Result(cluster, True, users))
 
 

@@ -62,9 +62,12 @@ class SimulatedNodeMetrics:
         self._phase = phase
 
     def read(self):
-        gpus = self._backend.read_gpus()
+        return self.following(self._backend.read_gpus(), time.monotonic())
+
+    def following(self, gpus, t):
+        """The node's readings with these GPU readings at time t (seconds)."""
         load = sum(g["util_pct"] or 0 for g in gpus) / (100.0 * len(gpus)) if gpus else 0.0
-        wobble = 0.9 + 0.1 * math.sin(time.monotonic() / 7.0 + self._phase)
+        wobble = 0.9 + 0.1 * math.sin(t / 7.0 + self._phase)
         return {
             "cpu_pct": round(5 + 40 * load * wobble, 1),
             "mem_used_bytes": int(HOST_MEMORY_BYTES * (0.08 + 0.3 * load)),

@@ -28,10 +28,17 @@ EXPECTED_COUNTS = {
 }
 
 
+# A day of usage takes the seed half a minute on the CI machine: the tests that do not look
+# at it seed the last hour only, and test_it_writes_a_day_of_usage_that_follows_the_jobs the
+# day that ships.
+TESTS_HISTORY_MINUTES = 60
+
+
 @pytest.fixture
-def embedded(settings, db):
+def embedded(settings, db, monkeypatch):
     settings.EMBEDDED = True
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    monkeypatch.setattr(demo, "HISTORY_MINUTES", TESTS_HISTORY_MINUTES)
     return settings
 
 
@@ -163,24 +170,39 @@ def test_the_booting_node_turns_healthy_when_its_boot_window_ends(embedded):
     assert counts[NodeState.HEALTHY] == 59
 
 
-def test_it_writes_an_hour_of_usage(embedded):
+def test_it_writes_a_day_of_usage_that_follows_the_jobs(embedded, monkeypatch):
+    from agent.sim.workload import Workload
+
+    monkeypatch.setattr(demo, "HISTORY_MINUTES", 24 * 60)
     seed()
     now = timezone.now()
     rollups = list(ClusterRollup.objects.filter(cluster__slug="demo").order_by("minute"))
-    assert len(rollups) == 60
+    assert len(rollups) == 24 * 60
     minutes = [r.minute for r in rollups]
     assert all(m.second == 0 and m.microsecond == 0 for m in minutes)
     assert all(b - a == timedelta(minutes=1) for a, b in zip(minutes, minutes[1:]))
-    # The hour's complete minutes: the one under way is left to the live rollup writer
+    # The day's complete minutes: the one under way is left to the live rollup writer
     # (up to 5 minutes old: seed() may take a while on a slow machine).
     assert timedelta(minutes=1) <= now - minutes[-1] < timedelta(minutes=5)
     for r in rollups:
-        assert 0 < r.gpus_reporting <= 512
-        # The share of the trace under load (about 35 %), as the live simulated fleet runs.
-        assert 20 <= r.gpu_util_pct <= 50
-        # The trace's real memory used (0.6 to 1.7 GB) over the H200's 150754820096 bytes.
-        assert 644939776 / H200_MEMORY * 100 <= r.gpu_mem_used_pct <= 1704853504 / H200_MEMORY * 100
-        assert 50e9 / 8 <= r.net_bps <= 400e9 / 8
+        assert 440 <= r.gpus_reporting <= 512  # the day's nodes down and GPUs off the bus
+        # Jobs hold between a fifth and nine tenths of the GPUs (a lull, a busy hour), with
+        # their memory; the idle ones sit at 0 %.
+        assert 10 <= r.gpu_util_pct <= 95 and 10 <= r.gpu_mem_used_pct <= 95
+        assert 50e9 / 8 <= r.net_bps <= 600e9 / 8
+    # Over the day, most of them: a busy cluster.
+    assert 35 <= sum(r.gpu_util_pct for r in rollups) / len(rollups) <= 85
+
+    # Each node's minutes, for its page's charts: its GPUs busy while a job holds them.
+    node = Node.objects.get(cluster__slug="demo", name="gpu-012")
+    node_minutes = list(node.rollups.order_by("minute"))
+    assert len(node_minutes) >= 24 * 60 - 10
+    workload = Workload(demo.node_names(), seed="demo")
+    for rollup in node_minutes[::97]:
+        busy = workload.running_on("gpu-012", rollup.minute.timestamp() + 30) is not None
+        utils = [gpu["util_pct"][0] for gpu in rollup.gpus.values()]
+        assert (min(utils) >= 50) if busy else (max(utils) == 0), (rollup.minute, utils)
+        assert set(rollup.node_metrics) == {"net_rx_bps", "net_tx_bps", "cpu_pct"}
 
 
 def test_it_creates_the_accounts(embedded):
@@ -219,7 +241,7 @@ def test_reset_rebuilds_the_cluster(embedded):
     assert Node.objects.count() == 64
     assert Gpu.objects.count() == 512
     assert state_counts(cluster) == EXPECTED_COUNTS
-    assert ClusterRollup.objects.count() == 60
+    assert ClusterRollup.objects.count() == TESTS_HISTORY_MINUTES
 
 
 def test_reset_works_on_a_demo_that_has_been_used(embedded):
