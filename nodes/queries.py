@@ -114,9 +114,10 @@ def summarize_node_sample(entry):
 
 
 def chart_series(node, since):
-    """{"gpus": [{index, uuid}], "minute": [...], "series": {uuid: {metric: [mean, ...]}}}:
-    one list per GPU and metric, aligned with "minute" (null where a minute lacks it)."""
-    gpus = list(node.gpus.in_inventory().values("index", "uuid"))
+    """{"gpus": [{index, uuid, memory_total_bytes}], "minute": [...], "series": {uuid:
+    {metric: [mean, ...]}}}: one list per GPU and metric, aligned with "minute" (null where a
+    minute lacks it). The memory total sets the memory chart's axis."""
+    gpus = list(node.gpus.in_inventory().values("index", "uuid", "memory_total_bytes"))
     rows = list(NodeRollup.objects.filter(node=node, minute__gte=since).order_by("minute")
                 .values_list("minute", "gpus"))
     series = {gpu["uuid"]: {metric: [] for metric in CHART_METRICS} for gpu in gpus}

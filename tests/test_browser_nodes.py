@@ -55,8 +55,17 @@ def test_the_grid_shows_a_tile_per_node_and_a_tile_opens_its_node(page, console,
         page.locator('.node-grid a.tile[title^="gpu-007 "]').click()
     assert urlsplit(page.url).path == f"/c/{fleet.slug}/nodes/gpu-007/"
     expect(page.locator("h1")).to_contain_text("gpu-007")
-    # The charts were drawn by plotly (node_charts.js), one per metric.
+    # The charts were drawn by plotly (node_charts.js), one per metric, on fixed axes in
+    # units a person reads: memory up to the H200's own 141 GiB, times without the date.
     expect(page.locator("#node-charts-panel .chart .main-svg").first).to_be_visible()
+    page.wait_for_function("document.querySelectorAll('#node-charts-panel .chart').length == 4 "
+                           "&& [...document.querySelectorAll('#node-charts-panel .chart')]"
+                           ".every(el => el.layout)")
+    axes = page.evaluate("""Object.fromEntries([...document.querySelectorAll(
+        '#node-charts-panel .chart')].map(el => [el.dataset.metric,
+        [el.layout.yaxis.range, el.layout.xaxis.tickformat]]))""")
+    assert axes == {"util_pct": [[0, 100], "%H:%M"], "mem_used_bytes": [[0, 141], "%H:%M"],
+                    "temp_c": [[0, 100], "%H:%M"], "power_w": [[0, 100], "%H:%M"]}
     expect(page.locator("#ssh-command")).to_have_text("ssh alice@gpu-007")
     assert_no_csp_violations(console)
 

@@ -58,7 +58,8 @@ def test_the_charts_have_one_line_per_gpu_and_metric_for_the_last_hour(client_fo
     hour = client_for(viewer).get(url).json()
     day = client_for(viewer).get(url + "?range=day").json()
 
-    assert hour["gpus"] == [{"index": 0, "uuid": "GPU-a"}, {"index": 1, "uuid": "GPU-b"}]
+    assert hour["gpus"] == [{"index": 0, "uuid": "GPU-a", "memory_total_bytes": 150754820096},
+                            {"index": 1, "uuid": "GPU-b", "memory_total_bytes": 150754820096}]
     assert len(hour["minute"]) == 2 and len(day["minute"]) == 3
     assert hour["series"]["GPU-a"] == {"util_pct": [40, 50], "mem_used_bytes": [2**30, 2**30],
                                        "temp_c": [60.0, 60.0], "power_w": [500, 500]}

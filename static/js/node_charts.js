@@ -12,6 +12,26 @@
   const titles = { util_pct: "utilization", mem_used_bytes: "memory used", temp_c: "temperature", power_w: "power" };
   const GIB = 1073741824;
   let uuids = [];
+  let lastMs = 0; // the newest point drawn: a live sample no newer is not appended
+
+  // Fixed axes in units a person reads: utilization 0-100 %, memory 0 to the GPU's own
+  // memory, temperature 0-100 °C, power 0 to a round 100 W above the highest seen.
+  function yAxis(metric, data) {
+    if (metric === "mem_used_bytes") {
+      const total = Math.max.apply(null, [0].concat(data.gpus.map(function (gpu) {
+        return gpu.memory_total_bytes || 0;
+      })));
+      return total ? { range: [0, Math.ceil(total / GIB)] } : { rangemode: "tozero" };
+    }
+    if (metric === "power_w") {
+      let peak = 0;
+      data.gpus.forEach(function (gpu) {
+        data.series[gpu.uuid].power_w.forEach(function (v) { if (v > peak) peak = v; });
+      });
+      return { range: [0, Math.max(100, Math.ceil(peak / 100) * 100)] };
+    }
+    return { range: [0, 100] };
+  }
 
   function value(metric, v) {
     if (v === null || v === undefined) return null;
@@ -23,6 +43,7 @@
 
   function draw(data) {
     uuids = data.gpus.map(function (gpu) { return gpu.uuid; });
+    if (data.minute.length) lastMs = Date.parse(data.minute[data.minute.length - 1]);
     document.getElementById("charts-empty").hidden = data.minute.length > 0;
     charts.forEach(function (el) {
       const metric = el.dataset.metric;
@@ -37,16 +58,19 @@
         title: { text: titles[metric] + " (" + units[metric] + ")", font: { size: 13 } },
         margin: { l: 45, r: 10, t: 30, b: 30 }, showlegend: metric === "util_pct",
         legend: { orientation: "h", y: -0.2 },
-        xaxis: { type: "date", range: window_(Date.now()) },
-        yaxis: metric === "util_pct" ? { range: [0, 100] } : { rangemode: "tozero" },
+        // Times only (the day's date would sit on the legend); the hover says the day.
+        xaxis: { type: "date", range: window_(Date.now()),
+                 tickformat: range === "day" ? "%b %-d %H:%M" : "%H:%M", hoverformat: "%b %-d %H:%M" },
+        yaxis: yAxis(metric, data),
       };
       Plotly.newPlot(el, traces, layout, { displaylogo: false, responsive: true });
     });
   }
 
   function extend(live) {
-    if (!live.at || !uuids.length) return;
-    const t = new Date(live.at * 1000).toISOString();
+    if (!live.at || !uuids.length || live.at * 1000 <= lastMs) return;
+    lastMs = live.at * 1000;
+    const t = new Date(lastMs).toISOString();
     const indexes = uuids.map(function (_, i) { return i; });
     charts.forEach(function (el) {
       const metric = el.dataset.metric;
