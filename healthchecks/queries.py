@@ -29,20 +29,28 @@ EVENTS_WORST_FIRST = (
     "-last_seen", "-id")
 
 
-def worst_open_signals(cluster, node_ids=None):
-    """{node id: "xid:79 on GPU 3"} for each node's worst open event (critical first, then
-    the oldest). One query, for the given nodes or the whole cluster."""
+def worst_open_events(cluster, node_ids=None):
+    """{node id: (severity rank, "xid:79 on GPU 3", its message)} for each node's worst open
+    event (critical first, then the oldest). One query, for the given nodes or the whole
+    cluster."""
     events = HealthEvent.objects.open().filter(node__cluster=cluster)
     if node_ids is not None:
         events = events.filter(node_id__in=node_ids)
     worst = {}
-    for node_id, signature, severity, gpu_index in events.order_by("first_seen", "id").values_list(
-            "node_id", "signature", "severity", "gpu__index"):
+    for node_id, signature, severity, gpu_index, message in (
+            events.order_by("first_seen", "id").values_list(
+                "node_id", "signature", "severity", "gpu__index", "message")):
         rank = SEVERITY_RANK.get(severity, 3)
         if node_id not in worst or rank < worst[node_id][0]:
             text = signature if gpu_index is None else f"{signature} on GPU {gpu_index}"
-            worst[node_id] = (rank, text)
-    return {node_id: text for node_id, (rank, text) in worst.items()}
+            worst[node_id] = (rank, text, message)
+    return worst
+
+
+def worst_open_signals(cluster, node_ids=None):
+    """{node id: "xid:79 on GPU 3"}: worst_open_events' signals."""
+    return {node_id: text for node_id, (_, text, _) in
+            worst_open_events(cluster, node_ids).items()}
 
 
 PEAK_UNITS = {"temp_c": "°C", "power_w": "W"}

@@ -8,6 +8,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from healthchecks.models import CheckRun
+from healthchecks.queries import SEVERITY_RANK, worst_open_events
 from nodes import maintenance
 from nodes.choices import DISPLAY_ORDER, STATE_COLOURS, NodeState
 from nodes.models import ClusterRollup, Node, NodeTransition
@@ -54,6 +55,28 @@ def nodes_in_acceptance(cluster):
     return (CheckRun.objects.unfinished()
             .filter(node__cluster=cluster, purpose=CheckRun.Purpose.ACCEPTANCE)
             .values("node").distinct().count())
+
+
+NEEDS_YOU_LIMIT = 15
+
+
+def needs_you(cluster, limit=NEEDS_YOU_LIMIT):
+    """The nodes unhealthy now, worst first (a critical signal before a warning, then the
+    longest unhealthy): {"rows": [{"node", "signal", "message", "since", "repair"}], "total"},
+    at most `limit` rows. `repair`: the node's open repair (what to review and approve), or
+    None."""
+    nodes = list(Node.objects.filter(cluster=cluster, state=NodeState.UNHEALTHY)
+                 .only("id", "name", "state_changed_at", "state_reason"))
+    worst = worst_open_events(cluster, [node.pk for node in nodes])
+    repairs = {repair.node_id: repair
+               for repair in Repair.objects.open().filter(node__in=nodes).order_by("pk")}
+    rows = []
+    for node in nodes:
+        rank, signal, message = worst.get(node.pk, (len(SEVERITY_RANK), node.state_reason, ""))
+        rows.append({"node": node, "signal": signal, "message": message, "rank": rank,
+                     "since": node.state_changed_at, "repair": repairs.get(node.pk)})
+    rows.sort(key=lambda row: (row["rank"], row["since"] or timezone.now(), row["node"].name))
+    return {"rows": rows[:limit], "total": len(rows)}
 
 
 def repairs_awaiting_approval(cluster):

@@ -66,11 +66,14 @@ def overview(request, slug):
         "maintenance": read.maintenance_now(cluster),
         "nodes_in_acceptance": read.nodes_in_acceptance(cluster),
         "repairs_awaiting": read.repairs_awaiting_approval(cluster),
+        "needs_you": read.needs_you(cluster),
         "usage": read.usage(cluster),
         "timeline": timeline,
         "filters": filters,
     }
-    template = "overview/overview.html" + ("#timeline" if request.htmx else "")
+    # htmx refreshes one panel: "Needs you" or the timeline.
+    part = "needs-you" if request.htmx.target == "needs-you" else "timeline"
+    template = "overview/overview.html" + (f"#{part}" if request.htmx else "")
     return render(request, template, context)
 
 

@@ -143,7 +143,8 @@ def test_home_goes_to_the_only_cluster_or_the_list(client_for, viewer, cluster):
 
 def test_its_queries_do_not_grow_with_the_number_of_nodes(client_for, viewer, cluster):
     client = client_for(viewer)
-    add_nodes(cluster, 10)
+    add_nodes(cluster, 9)
+    add_nodes(cluster, 1, state=NodeState.UNHEALTHY, start=9)  # "Needs you" reads for it too
     NodeTransitionFactory(node=Node.objects.filter(cluster=cluster).first())
     client.get(overview_url(cluster))  # warm the session and the permission caches
 
@@ -195,3 +196,42 @@ def test_it_says_when_the_cluster_is_degraded(client_for, viewer, cluster):
             'data-degraded="total">11</span> nodes are out of service') in response.text
     assert 'class="needs-you degraded-alert" role="alert"' in response.text  # styled as one
     assert 'data-degraded-threshold="10">' in response.text  # shown: not hidden
+
+
+def test_needs_you_lists_the_unhealthy_nodes_worst_first_with_their_repair(client_for, viewer,
+                                                                           cluster):
+    from healthchecks.models import HealthEvent
+    from repairs.tests.factories import RepairFactory
+
+    now = timezone.now()
+    warm = NodeFactory(cluster=cluster, name="gpu-002", state=NodeState.UNHEALTHY,
+                       state_changed_at=now - timedelta(hours=2))
+    lost = NodeFactory(cluster=cluster, name="gpu-009", state=NodeState.UNHEALTHY,
+                       state_changed_at=now - timedelta(minutes=5))
+    NodeFactory(cluster=cluster, name="gpu-001", state=NodeState.HEALTHY)
+    HealthEvent.objects.create(node=warm, signature="thermal_throttle", severity="warning",
+                               message="GPU 5: HW thermal slowdown", first_seen=now, last_seen=now)
+    HealthEvent.objects.create(node=lost, signature="xid:79", severity="critical",
+                               message="GPU has fallen off the bus", first_seen=now,
+                               last_seen=now)
+    repair = RepairFactory(node=lost)
+
+    response = client_for(viewer).get(overview_url(cluster))
+
+    rows = response.context["needs_you"]["rows"]
+    assert [row["node"].name for row in rows] == ["gpu-009", "gpu-002"]  # critical first
+    panel = response.text.split('id="needs-you"')[1].split("</table>")[0]
+    assert panel.index("gpu-009") < panel.index("gpu-002") and "gpu-001" not in panel
+    assert "GPU has fallen off the bus" in panel and "5\xa0minutes" in panel
+    assert (f'href="/c/{cluster.slug}/repair/{repair.public_id}/">Review {repair.action} '
+            f'#{repair.pk}</a>') in panel
+    assert "no repair recommended: see the node" in panel
+
+
+def test_needs_you_says_nothing_needs_you_and_refreshes_alone(client_for, viewer, cluster):
+    NodeFactory(cluster=cluster, state=NodeState.HEALTHY)
+    client = client_for(viewer)
+    assert "Nothing: no node is unhealthy." in client.get(overview_url(cluster)).text
+    part = client.get(overview_url(cluster), HTTP_HX_REQUEST="true", HTTP_HX_TARGET="needs-you")
+    assert part.text.lstrip().startswith('<div id="needs-you"')
+    assert 'id="timeline"' not in part.text
