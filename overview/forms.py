@@ -8,4 +8,6 @@ class TimelineFilterForm(forms.Form):
     state = forms.ChoiceField(
         required=False, choices=[("", "any state"), *NodeState.choices], label="to state"
     )
+    routine = forms.BooleanField(required=False, label="routine too",
+                                 help_text="registrations, first boots, boot windows ending")
     page = forms.IntegerField(required=False, min_value=1)

@@ -102,12 +102,23 @@ def usage(cluster, now=None):
     return {"latest": latest, "series": series}
 
 
-def timeline_page(cluster, *, node_name="", state="", page=1):
+# The state changes every node goes through on its way in: registered, its first hello, its
+# boot window ending. The timeline leaves them out unless asked (or filtered by state).
+ROUTINE_TRANSITIONS = (
+    Q(to_state=NodeState.PENDING)
+    | Q(from_state__in=("", NodeState.PENDING), to_state=NodeState.BOOTING)
+    | Q(from_state=NodeState.BOOTING, to_state=NodeState.HEALTHY)
+)
+
+
+def timeline_page(cluster, *, node_name="", state="", routine=False, page=1):
     transitions = NodeTransition.objects.filter(cluster=cluster).select_related("node")
     if node_name:
         transitions = transitions.filter(node__name__icontains=node_name)
     if state:
         transitions = transitions.filter(to_state=state)
+    elif not routine:
+        transitions = transitions.exclude(ROUTINE_TRANSITIONS)
     return Paginator(transitions.order_by("-at", "-id"), TIMELINE_PAGE_SIZE).get_page(page)
 
 

@@ -54,7 +54,7 @@ def overview(request, slug):
     query = filters.cleaned_data if filters.is_valid() else {}
     timeline = read.timeline_page(
         cluster, node_name=query.get("node", ""), state=query.get("state", ""),
-        page=query.get("page") or 1,
+        routine=query.get("routine", False), page=query.get("page") or 1,
     )
     counts = read.state_counts(cluster)
     context = {

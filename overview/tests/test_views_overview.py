@@ -235,3 +235,25 @@ def test_needs_you_says_nothing_needs_you_and_refreshes_alone(client_for, viewer
     part = client.get(overview_url(cluster), HTTP_HX_REQUEST="true", HTTP_HX_TARGET="needs-you")
     assert part.text.lstrip().startswith('<div id="needs-you"')
     assert 'id="timeline"' not in part.text
+
+
+def test_the_timeline_leaves_routine_changes_out_unless_asked(client_for, viewer, cluster):
+    node = NodeFactory(cluster=cluster, name="gpu-007")
+    now = timezone.now()
+    for minutes, (before, after, reason) in enumerate([
+            ("", NodeState.PENDING, "registered"),
+            (NodeState.PENDING, NodeState.BOOTING, "first hello from the agent"),
+            (NodeState.BOOTING, NodeState.HEALTHY, "boot window ended"),
+            (NodeState.HEALTHY, NodeState.UNHEALTHY, "xid:79 opened"),
+            (NodeState.UNHEALTHY, NodeState.BOOTING, "rebooted (new boot id)")]):
+        NodeTransitionFactory(node=node, from_state=before, to_state=after, reason=reason,
+                              at=now - timedelta(minutes=10 - minutes))
+    client = client_for(viewer)
+
+    def reasons(**query):
+        return [t.reason for t in client.get(overview_url(cluster, **query)).context["timeline"]]
+
+    assert reasons() == ["rebooted (new boot id)", "xid:79 opened"]
+    assert len(reasons(routine="on")) == 5
+    assert reasons(state="booting") == ["rebooted (new boot id)", "first hello from the agent"]
+    assert 'name="routine"' in client.get(overview_url(cluster)).text
