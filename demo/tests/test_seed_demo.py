@@ -188,7 +188,7 @@ def test_it_writes_a_day_of_usage_that_follows_the_jobs(embedded, monkeypatch):
         assert 440 <= r.gpus_reporting <= 512  # the day's nodes down and GPUs off the bus
         # Jobs hold between a fifth and nine tenths of the GPUs (a lull, a busy hour), with
         # their memory; the idle ones sit at 0 %.
-        assert 10 <= r.gpu_util_pct <= 95 and 10 <= r.gpu_mem_used_pct <= 95
+        assert 10 <= r.gpu_util_pct <= 95 and 5 <= r.gpu_mem_used_pct <= 95
         assert 50e9 / 8 <= r.net_bps <= 600e9 / 8
     # Over the day, most of them: a busy cluster.
     assert 35 <= sum(r.gpu_util_pct for r in rollups) / len(rollups) <= 85
