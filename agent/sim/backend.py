@@ -19,6 +19,7 @@ import json
 import logging
 import time
 import uuid
+import zlib
 from importlib import resources
 
 from agent.backends import CLOCK_EVENT_HW_THERMAL, cuda_version_text, gpu_lost_event
@@ -96,7 +97,13 @@ class SimulatedBackend:
         self._offsets = [index * self._cycle_s / gpu_count for index in range(gpu_count)]
         self._hot_temp_c = device["temp_slowdown_threshold_c"] + 2
         # The job holding the node now (None: idle), and the trace's idle and loaded parts.
+        # Nodes of one job differ a little (cooling, clocks, the data each one gets): each
+        # has its own share of the job's work and its own place in the trace.
         self._job = job
+        node_hash = zlib.crc32(node_name.encode())
+        self._node_share = 0.9 + 0.1 * (node_hash % 101) / 100
+        self._node_memory = 0.96 + 0.04 * (node_hash // 101 % 101) / 100
+        self._node_step = node_hash % 97
         self._idle = [r for t, r in zip(self._times, self._readings) if t < IDLE_UNTIL_S]
         peak_w = max(r["power_w"] for r in self._readings)
         self._loaded = [r for r in self._readings if r["util_pct"] >= LOADED_FROM_PCT
@@ -177,12 +184,13 @@ class SimulatedBackend:
     def _job_reading(self, gpu, job, position):
         """The GPU's reading with `job` on the node: loaded when the job holds it (the
         first gpus_per_node GPUs), scaled to its intensity, with its memory; else idle."""
-        step = int(position / TRACE_STEP_S)
+        step = int(position / TRACE_STEP_S) + self._node_step
         if job is None or gpu["index"] >= job.gpus_per_node:
             return self._idle[step % len(self._idle)]
         idle, loaded = self._idle[0], self._loaded[step % len(self._loaded)]
         # Each GPU of a job works a little differently: its own share of the intensity.
-        share = job.intensity * (0.92 + 0.08 * ((gpu["index"] * 37 + step) % 11) / 10)
+        share = job.intensity * self._node_share * (
+            0.92 + 0.08 * ((gpu["index"] * 37 + step) % 11) / 10)
 
         def between(key):
             return idle[key] + (loaded[key] - idle[key]) * share
@@ -190,7 +198,8 @@ class SimulatedBackend:
         return {**loaded,
                 "util_pct": round(min(100, loaded["util_pct"] * share)),
                 "mem_util_pct": round(between("mem_util_pct")),
-                "mem_used_bytes": int(gpu["memory_total_bytes"] * job.memory_fraction),
+                "mem_used_bytes": int(gpu["memory_total_bytes"] * job.memory_fraction
+                                      * self._node_memory),
                 "temp_c": round(between("temp_c")),
                 "power_w": round(between("power_w"), 1)}
 
