@@ -129,9 +129,7 @@ def lanes_of(nodes):
 def _lane_period(seed, lane_number, lane, period):
     """The jobs lane `lane_number` runs in 12-hour period `period`, before operators."""
     rng = random.Random(f"{seed}/{lane_number}/{period}")
-    # Each lane's periods start at its own phase, so that lanes do not idle together.
-    phase = random.Random(f"{seed}/{lane_number}").uniform(0, PERIOD_S)
-    begin = ID_EPOCH + period * PERIOD_S + phase
+    begin = ID_EPOCH + period * PERIOD_S + _phase(seed, lane_number)
     finish = begin + PERIOD_S
     if lane_number in LONG_RUN_LANES and len(lane) > 1:
         start = begin + rng.uniform(120, 360)
@@ -182,6 +180,13 @@ def _outcome(rng):
             return state, exit_code
         roll -= share
     return OUTCOMES[0][:2]
+
+
+@lru_cache(maxsize=1024)
+def _phase(seed, lane_number):
+    """Where the lane's 12-hour periods start: each lane at its own time, so that lanes do not
+    idle together."""
+    return random.Random(f"{seed}/{lane_number}").uniform(0, PERIOD_S)
 
 
 def _period_of(t, phase):
@@ -266,7 +271,7 @@ class Workload:
 
     def _lane_jobs(self, number, since, until, now):
         lane = self.lanes[number]
-        phase = random.Random(f"{self.seed}/{number}").uniform(0, PERIOD_S)
+        phase = _phase(self.seed, number)
         # A job may be submitted in the period before the one it starts in, and a requeued
         # one runs on past its own.
         first = _period_of(min(since, now), phase) - 1
