@@ -216,19 +216,14 @@ class Workload:
 
     def jobs_between(self, since, until, now):
         """Every job (as at `now`) submitted by `until` and not ended before `since`."""
-        found = []
-        for number in range(len(self.lanes)):
-            for job in self._lane_jobs(number, since, until, now):
-                if job.submit <= until and (job.end is None or job.end >= since):
-                    found.append(job)
+        found = [job for number in range(len(self.lanes))
+                 for job in self._lane_jobs_between(number, since, until, now)]
         return sorted(found, key=lambda job: int(job.id))
 
     def jobs_on(self, node, since, until, now):
+        """The node's jobs (its lane's) that jobs_between would list."""
         number = self._lane_of.get(node)
-        if number is None:
-            return []
-        return [job for job in self._lane_jobs(number, since, until, now)
-                if job.submit <= until and (job.end is None or job.end >= since)]
+        return [] if number is None else self._lane_jobs_between(number, since, until, now)
 
     def running_on(self, node, now):
         """The job running on the node at `now`, or None."""
@@ -268,6 +263,10 @@ class Workload:
         return None
 
     # The lanes' sequences, changed by what operators did
+
+    def _lane_jobs_between(self, number, since, until, now):
+        return [job for job in self._lane_jobs(number, since, until, now)
+                if job.submit <= until and (job.end is None or job.end >= since)]
 
     def _lane_jobs(self, number, since, until, now):
         lane = self.lanes[number]

@@ -176,8 +176,8 @@ def squeue(argv):
     parser.add_argument("-o", "--format")
     args = parser.parse_args(argv)
     now = time.time()
-    known = [job for job in workload().jobs_between(now - MIN_JOB_AGE_S, now, now)
-             if job.end is None or job.end >= now - MIN_JOB_AGE_S]
+    # What slurmctld still knows: pending, running, or ended within MinJobAge.
+    known = workload().jobs_between(now - MIN_JOB_AGE_S, now, now)
     if args.jobs:
         wanted = set(args.jobs.split(","))
         known = [job for job in known if job.id in wanted]
@@ -252,21 +252,21 @@ def show_node(name):
     work = workload()
     if name not in work.nodes:
         raise SlurmError(f"Node {name} not found")
-    job = work.running_on(name, now)
-    drain = work.drained(name, now)
     state, _ = work.node_state(name, now)
-    cpus = CPUS_PER_NODE if job is not None else 0
+    drain = work.drained(name, now)
+    busy = state.startswith("ALLOCATED")
+    cpus = CPUS_PER_NODE if busy else 0
     boot = slurm_time(now - 86400 * 12)
     line = (f"NodeName={name} Arch=x86_64 CoresPerSocket=48 CPUAlloc={cpus} "
             f"CPUEfctv={CPUS_PER_NODE} CPUTot={CPUS_PER_NODE} CPULoad={cpus / 4:.2f} "
             f"AvailableFeatures=h200 ActiveFeatures=h200 Gres=gpu:h200:8 NodeAddr={name} "
             f"NodeHostName={name} Version={SLURM_VERSION} OS=Linux 6.8.0-51-generic "
-            f"#52-Ubuntu SMP RealMemory={MEMORY_MB} AllocMem={MEMORY_MB if job else 0} "
+            f"#52-Ubuntu SMP RealMemory={MEMORY_MB} AllocMem={MEMORY_MB if busy else 0} "
             f"FreeMem={MEMORY_MB // 2} Sockets=2 Boards=1 State={state} ThreadsPerCore=1 "
             f"TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A Partitions=gpu,batch "
             f"BootTime={boot} SlurmdStartTime={boot} LastBusyTime={slurm_time(now)} "
             f"CfgTRES=cpu={CPUS_PER_NODE},mem={MEMORY_MB}M,billing={CPUS_PER_NODE},gres/gpu=8 "
-            f"AllocTRES={'cpu=192,gres/gpu=8' if job else ''} CurrentWatts=0 AveWatts=0")
+            f"AllocTRES={'cpu=192,gres/gpu=8' if busy else ''} CurrentWatts=0 AveWatts=0")
     if drain is not None:
         line += f" Reason={drain['reason']} [root@{slurm_time(drain['from'])}]"
     return line + "\n"
