@@ -13,6 +13,10 @@ from repairs.forms import AbortRepairForm, CommentForm, GoOnNowForm, ProposeRepa
 from repairs.models import Repair
 
 
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1000
+
+
 def form_limit(form, field):
     """A page form's limit on a field: a body the API takes has the same limits as the form
     that takes it on the page (and OpenAPI shows them), written once, in the form."""
@@ -244,14 +248,48 @@ class AuditOut(Schema):
     changes: dict
 
 
+class Paging(Schema):
+    """limit and offset: every list takes them (and its filters)."""
+
+    limit: int = Field(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT,
+                       description=f"how many items at most, 1 to {MAX_LIMIT}")
+    offset: int = Field(0, ge=0, description="how many items to skip: 0 for the first page, "
+                                             "then the previous answer's next_offset")
+
+
+class JobQuery(Paging):
+    user: str | None = Field(None, description="the job's user")
+    state: str | None = Field(None, description="Slurm's job state, any case (RUNNING, "
+                                                "FAILED, ...)")
+    node: str | None = Field(None, description="a node the job ran on")
+
+
+class AuditQuery(Paging):
+    action: str | None = Field(None, description="the action (repair.approve, node.pause, ...)")
+    actor: str | None = Field(None, description="who did it: a username")
+    cluster: str | None = Field(None, description="the cluster's slug")
+
+
 class Page(Schema):
-    count: int
-    page: int
-    pages: int
+    """One page of a list: at most `limit` items from `offset`."""
+
+    count: int = Field(..., description="every item that matches the filters")
+    limit: int
+    offset: int
+    next_offset: int | None = Field(..., description="the offset of the next page; null on "
+                                                     "the last")
+
+
+class ClusterPage(Page):
+    items: list[ClusterOut]
 
 
 class NodePage(Page):
     items: list[NodeOut]
+
+
+class BundlePage(Page):
+    items: list[BundleOut]
 
 
 class EventPage(Page):

@@ -3,8 +3,11 @@
 A request carries a per-user API token (`Authorization: Bearer cui_...`, made on the API
 tokens page) and acts as its user, with the user's role: the same services as the pages do
 the work and write the same audit rows. A write the role does not allow is answered 403
-and is on the audit trail too. Lists take the same filters as the pages. Errors are RFC
-9457 problem details. Each token has a rate limit (CLUSTERUI_API_RATE_PER_MIN).
+and is on the audit trail too. Lists take the same filters as the pages, and `limit` and
+`offset`: a page of at most `limit` items (100, at most 1000) from `offset`, with `count`
+and the `next_offset` (null on the last page); a query parameter a list does not take is
+answered 400. Errors are RFC 9457 problem details. Each token has a rate limit
+(CLUSTERUI_API_RATE_PER_MIN).
 """
 
 import json
@@ -12,12 +15,11 @@ import math
 from uuid import UUID
 
 from django.conf import settings
-from django.core.paginator import Paginator
 from django.db.models import Count, Q
-from django.http import FileResponse, Http404, HttpResponse, QueryDict
+from django.http import FileResponse, Http404, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.urls import Resolver404, resolve, reverse
-from ninja import NinjaAPI, Router
+from ninja import NinjaAPI, Query, Router
 from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationError
 from ninja.security import HttpBearer
 from ninja.throttling import AuthRateThrottle
@@ -56,9 +58,9 @@ from repairs.steps import do_abort_repair, do_go_on_now
 from repairs.transitions import Conflict, InvalidTransition
 
 from . import schemas
+from .lists import filtered, page_of, query_of
 from .tokens import find_usable_token
 
-PAGE_SIZE = 100
 PROBLEM = "application/problem+json"
 
 
@@ -169,21 +171,11 @@ def bad_request(form):
     raise HttpError(400, detail)
 
 
-def page_of(queryset, request, item):
-    page = Paginator(queryset, PAGE_SIZE).get_page(request.GET.get("page"))
-    return {"count": page.paginator.count, "page": page.number,
-            "pages": page.paginator.num_pages, "items": [item(obj) for obj in page]}
-
-
-def filtered(filter_class, request, queryset):
-    params = QueryDict(mutable=True)
-    params.update(request.GET)
-    params.pop("page", None)
-    found = filter_class(params, queryset=queryset)
-    if not found.is_valid():
-        raise HttpError(400, "; ".join(f"{field}: {' '.join(errors)}"
-                                       for field, errors in found.errors.items()))
-    return found.qs
+# Each filtered list's query parameters: its FilterSet's filters, limit and offset.
+NodeQuery = query_of(NodeFilter)
+EventQuery = query_of(HealthEventFilter)
+CheckRunQuery = query_of(CheckRunFilter)
+RepairQuery = query_of(RepairHistoryFilter)
 
 
 def cluster_of(slug):
@@ -203,9 +195,9 @@ def cluster_json(cluster):
         "degraded_threshold_pct")}, "nodes": sum(by_state.values()), "nodes_by_state": by_state}
 
 
-@clusters.get("/", response=list[schemas.ClusterOut], summary="The clusters")
-def list_clusters(request):
-    return [cluster_json(cluster) for cluster in Cluster.objects.order_by("name")]
+@clusters.get("/", response=schemas.ClusterPage, summary="The clusters")
+def list_clusters(request, query: Query[schemas.Paging]):
+    return page_of(Cluster.objects.order_by("name"), request, query, cluster_json)
 
 
 @clusters.get("/{slug}/", response=schemas.ClusterOut, summary="One cluster")
@@ -228,12 +220,12 @@ def nodes_of(cluster):
 
 
 @clusters.get("/{slug}/nodes/", response=schemas.NodePage,
-              summary="Nodes, with their live numbers (filters: state, role, signature, name)")
-def list_nodes(request, slug: str):
+              summary="Nodes, with their live numbers")
+def list_nodes(request, slug: str, query: Query[NodeQuery]):
     cluster = cluster_of(slug)
-    matching = filtered(NodeFilter, request, nodes_of(cluster))
+    matching = filtered(NodeFilter, query, nodes_of(cluster))
     live, signals = live_numbers(cluster), worst_open_signals(cluster)
-    return page_of(matching, request, lambda node: node_json(node, live, signals))
+    return page_of(matching, request, query, lambda node: node_json(node, live, signals))
 
 
 def node_of(cluster, name):
@@ -259,12 +251,11 @@ def event_json(event):
 
 
 @clusters.get("/{slug}/events/", response=schemas.EventPage,
-              summary="Health events (filters: severity, node, signature, source, open, "
-                      "period, since, until)")
-def list_events(request, slug: str):
+              summary="Health events, the last seen first")
+def list_events(request, slug: str, query: Query[EventQuery]):
     events = (HealthEvent.objects.filter(node__cluster=cluster_of(slug))
               .select_related("node", "gpu").order_by("-last_seen", "-id"))
-    return page_of(filtered(HealthEventFilter, request, events), request, event_json)
+    return page_of(filtered(HealthEventFilter, query, events), request, query, event_json)
 
 
 def run_json(run):
@@ -275,10 +266,11 @@ def run_json(run):
 
 
 @clusters.get("/{slug}/checks/", response=schemas.CheckRunPage,
-              summary="Check runs (filters: node, check, status, purpose)")
-def list_check_runs(request, slug: str):
-    runs = CheckRun.objects.filter(node__cluster=cluster_of(slug)).select_related("node")
-    return page_of(filtered(CheckRunFilter, request, runs), request, run_json)
+              summary="Check runs, newest first")
+def list_check_runs(request, slug: str, query: Query[CheckRunQuery]):
+    runs = (CheckRun.objects.filter(node__cluster=cluster_of(slug)).select_related("node")
+            .order_by("-requested_at", "-id"))
+    return page_of(filtered(CheckRunFilter, query, runs), request, query, run_json)
 
 
 def repair_json(repair):
@@ -315,11 +307,10 @@ def repairs_of(cluster):
 
 
 @clusters.get("/{slug}/repairs/", response=schemas.RepairPage,
-              summary="Repairs, newest first (filters: node, action, status, period, since, "
-                      "until)")
-def list_repairs(request, slug: str):
+              summary="Repairs, newest first")
+def list_repairs(request, slug: str, query: Query[RepairQuery]):
     repairs = repairs_of(cluster_of(slug))
-    return page_of(filtered(RepairHistoryFilter, request, repairs), request, repair_json)
+    return page_of(filtered(RepairHistoryFilter, query, repairs), request, query, repair_json)
 
 
 def repair_of(slug, ref):
@@ -343,33 +334,33 @@ def job_json(job):
 
 
 @clusters.get("/{slug}/jobs/", response=schemas.JobPage,
-              summary="Jobs from Slurm's accounting, newest first (filters: user, state, node)")
-def list_jobs(request, slug: str, user: str = "", state: str = "", node: str = ""):
+              summary="Jobs from Slurm's accounting, newest first")
+def list_jobs(request, slug: str, query: Query[schemas.JobQuery]):
     jobs = Job.objects.filter(cluster=cluster_of(slug)).order_by("-start", "-id")
-    if user:
-        jobs = jobs.filter(user=user)
-    if state:
-        jobs = jobs.filter(state__iexact=state)
-    if node:
-        jobs = jobs.filter(job_nodes__node_name=node)  # as the Jobs page: one of its nodes
-    return page_of(jobs.distinct(), request, job_json)
+    if query.user:
+        jobs = jobs.filter(user=query.user)
+    if query.state:
+        jobs = jobs.filter(state__iexact=query.state)
+    if query.node:
+        jobs = jobs.filter(job_nodes__node_name=query.node)  # as the Jobs page: one of its nodes
+    return page_of(jobs.distinct(), request, query, job_json)
 
 
 audit = Router(tags=["audit"])
 
 
 @audit.get("/", response=schemas.AuditPage,
-           summary="The audit trail, newest first (admins; filters: action, actor, cluster)")
-def list_audit(request, action: str = "", actor: str = "", cluster: str = ""):
+           summary="The audit trail, newest first (admins)")
+def list_audit(request, query: Query[schemas.AuditQuery]):
     require(request, Role.ADMIN)
     entries = AuditEntry.objects.select_related("cluster").order_by("-at", "-id")
-    if action:
-        entries = entries.filter(action=action)
-    if actor:
-        entries = entries.filter(actor_name=actor)
-    if cluster:
-        entries = entries.filter(cluster__slug=cluster)
-    return page_of(entries, request, lambda entry: {
+    if query.action:
+        entries = entries.filter(action=query.action)
+    if query.actor:
+        entries = entries.filter(actor_name=query.actor)
+    if query.cluster:
+        entries = entries.filter(cluster__slug=query.cluster)
+    return page_of(entries, request, query, lambda entry: {
         "at": entry.at, "actor": entry.actor_name, "action": entry.action,
         "object_type": entry.object_type, "object_id": entry.object_id,
         "object": entry.object_repr, "cluster": entry.cluster.slug if entry.cluster else None,
@@ -478,12 +469,12 @@ def bundle_json(bundle):
             if stored else None}
 
 
-@clusters.get("/{slug}/nodes/{name}/bundles/", response=list[schemas.BundleOut],
+@clusters.get("/{slug}/nodes/{name}/bundles/", response=schemas.BundlePage,
               summary="The node's diagnostic bundles, newest first")
-def list_bundles(request, slug: str, name: str):
+def list_bundles(request, slug: str, name: str, query: Query[schemas.Paging]):
     node = node_of(cluster_of(slug), name)
-    return [bundle_json(settle(bundle)) for bundle in
-            node.bundles.select_related("node__cluster")[:100]]
+    bundles = node.bundles.select_related("node__cluster").order_by("-requested_at", "-id")
+    return page_of(bundles, request, query, lambda bundle: bundle_json(settle(bundle)))
 
 
 @clusters.post("/{slug}/nodes/{name}/bundles/", response={202: schemas.BundleOut},

@@ -32,10 +32,15 @@ DEFAULT_SORT = "severity"
 
 
 class NodeFilter(django_filters.FilterSet):
-    state = django_filters.ChoiceFilter(choices=NodeState.choices, empty_label="any state")
-    role = django_filters.ChoiceFilter(choices=NodeRole.choices, empty_label="any role")
-    signature = django_filters.CharFilter(method="with_open_signature", label="signature")
-    name = django_filters.CharFilter(method="matching_text", label="search")
+    state = django_filters.ChoiceFilter(choices=NodeState.choices, empty_label="any state",
+                                        help_text="the node's state")
+    role = django_filters.ChoiceFilter(choices=NodeRole.choices, empty_label="any role",
+                                       help_text="the node's role")
+    signature = django_filters.CharFilter(
+        method="with_open_signature", label="signature",
+        help_text="nodes with an open health event of this signature (xid:79)")
+    name = django_filters.CharFilter(method="matching_text", label="search",
+                                     help_text="a part of the node's name or hostname")
 
     class Meta:
         model = Node

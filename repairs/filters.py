@@ -13,11 +13,12 @@ class RepairHistoryFilter(TimeRangeFilterMixin, django_filters.FilterSet):
     and finished after it began."""
 
     node = django_filters.CharFilter(field_name="node__name", lookup_expr="icontains",
-                                     label="node")
-    action = django_filters.ChoiceFilter(choices=Action.choices, empty_label="any action")
+                                     label="node", help_text="a part of the node's name")
+    action = django_filters.ChoiceFilter(choices=Action.choices, empty_label="any action",
+                                         help_text="the repair's action")
     status = django_filters.ChoiceFilter(
         choices=[(s.value, s.label) for s in Status if s in FINISHED_STATUSES],
-        empty_label="any outcome")
+        empty_label="any outcome", help_text="how it finished")
     period = period_filter()
     period_field = "finished_at"
     since = since_filter("finished_at")

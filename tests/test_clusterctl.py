@@ -17,6 +17,7 @@ from clusters.roles import Role
 from clusters.tests.factories import ClusterFactory, UserFactory
 from healthchecks.services import do_record_health_event
 from nodes.choices import NodeState
+from nodes.models import Node
 from nodes.tests.factories import NodeFactory
 from repairs.choices import Status
 from repairs.models import Repair
@@ -95,3 +96,21 @@ def test_clusterctl_lists_approves_and_is_refused_by_role(processes, clusterctl,
     assert missing.returncode == 1 and "no token" in missing.stderr
     unknown = run(clusterctl, server, operator_token, "repairs", "show", "999")
     assert unknown.returncode == 1 and "Not Found (404)" in unknown.stderr
+
+
+def test_clusterctl_lists_every_page_and_honours_limit(processes, clusterctl, tmp_path):
+    cluster = ClusterFactory(name="many", slug="many")
+    Node.objects.bulk_create(NodeFactory.build_batch(150, cluster=cluster))
+    names = sorted(Node.objects.filter(cluster=cluster).values_list("name", flat=True))
+    server = processes.daphne()
+    _, viewer_token = token_file(tmp_path, Role.VIEWER, "cli-vera")
+
+    every = run(clusterctl, server, viewer_token, "nodes")  # two pages of 100
+    assert every.returncode == 0, every.stderr
+    assert [row.split()[0] for row in every.stdout.splitlines()[1:]] == names
+
+    some = run(clusterctl, server, viewer_token, "--json", "nodes", "--limit", "120")
+    assert [node["name"] for node in json.loads(some.stdout)] == names[:120]
+
+    none = run(clusterctl, server, viewer_token, "nodes", "--limit", "0")
+    assert none.returncode == 2 and "not a number of items" in none.stderr

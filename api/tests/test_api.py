@@ -12,10 +12,13 @@ from api.models import ApiToken
 from api.tokens import do_create_api_token, do_revoke_api_token
 from clusters.models import AuditEntry
 from clusters.roles import Role
+from healthchecks.filters import CheckRunFilter, HealthEventFilter
 from healthchecks.services import do_record_health_event
 from nodes.choices import NodeState
+from nodes.filters import NodeFilter
 from nodes.tests.factories import NodeFactory
 from repairs.choices import Status
+from repairs.filters import RepairHistoryFilter
 from repairs.models import Repair
 from repairs.tests.factories import RepairFactory
 
@@ -68,6 +71,105 @@ def test_nodes_come_with_the_pages_filters(cluster, api_as):
     bad = client.get(f"/api/v1/clusters/{cluster.slug}/nodes/", state="sleepy")
     assert bad.status_code == 400 and bad["Content-Type"] == PROBLEM
     assert "state" in bad.json()["detail"]
+
+
+def test_a_list_answers_limit_items_from_offset(cluster, api_as):
+    for number in range(1, 6):
+        NodeFactory(cluster=cluster, name=f"gpu-{number:04}")
+    client, _ = api_as(Role.VIEWER)
+    nodes = f"/api/v1/clusters/{cluster.slug}/nodes/"
+    first = client.get(nodes, limit=2).json()
+    assert (first["count"], first["limit"], first["offset"], first["next_offset"]) == (5, 2, 0, 2)
+    assert [n["name"] for n in first["items"]] == ["gpu-0001", "gpu-0002"]
+    names, offset = [], 0
+    while offset is not None:
+        page = client.get(nodes, limit=2, offset=offset).json()
+        names += [n["name"] for n in page["items"]]
+        offset = page["next_offset"]
+    assert names == [f"gpu-{number:04}" for number in range(1, 6)]
+    past_the_end = client.get(nodes, offset=9).json()
+    assert (past_the_end["items"], past_the_end["next_offset"]) == ([], None)
+    everything = client.get(nodes).json()
+    assert (everything["limit"], len(everything["items"])) == (100, 5)
+
+
+def test_count_counts_what_the_filters_match(cluster, api_as):
+    for number in range(1, 4):
+        NodeFactory(cluster=cluster, name=f"gpu-{number:04}", state=NodeState.HEALTHY)
+    for number in range(4, 6):
+        sick = NodeFactory(cluster=cluster, name=f"gpu-{number:04}", state=NodeState.UNHEALTHY)
+        do_record_health_event(sick, signature="xid:79", severity="critical")
+    client, _ = api_as(Role.VIEWER)
+    unhealthy = client.get(f"/api/v1/clusters/{cluster.slug}/nodes/", state="unhealthy",
+                           limit=1).json()
+    assert (unhealthy["count"], unhealthy["next_offset"]) == (2, 1)
+    assert [n["name"] for n in unhealthy["items"]] == ["gpu-0004"]
+    events = client.get(f"/api/v1/clusters/{cluster.slug}/events/", signature="xid",
+                        node="gpu-0005").json()
+    assert events["count"] == 1 and events["items"][0]["node"] == "gpu-0005"
+
+
+@pytest.mark.parametrize("query", [{"limit": 0}, {"limit": 1001}, {"limit": "five"},
+                                   {"offset": -1}, {"offset": "x"}])
+def test_a_bad_limit_or_offset_is_a_422_problem(cluster, api_as, query):
+    client, _ = api_as(Role.VIEWER)
+    response = client.get(f"/api/v1/clusters/{cluster.slug}/nodes/", **query)
+    assert response.status_code == 422 and response["Content-Type"] == PROBLEM
+    [error] = response.json()["errors"]
+    assert error["loc"][-1] == next(iter(query))
+
+
+def test_an_unknown_query_parameter_is_a_400_naming_it(cluster, api_as):
+    client, _ = api_as(Role.VIEWER)
+    response = client.get(f"/api/v1/clusters/{cluster.slug}/nodes/", stat="unhealthy")
+    assert response.status_code == 400 and response["Content-Type"] == PROBLEM
+    detail = response.json()["detail"]
+    assert detail.startswith("Unknown query parameter stat:")
+    assert "limit, offset, state, role, signature, name" in detail
+
+
+# Each list: the filters it takes besides limit and offset.
+LIST_FILTERS = {
+    "/api/v1/clusters/": [],
+    "/api/v1/clusters/{slug}/nodes/": list(NodeFilter.base_filters),
+    "/api/v1/clusters/{slug}/events/": list(HealthEventFilter.base_filters),
+    "/api/v1/clusters/{slug}/checks/": list(CheckRunFilter.base_filters),
+    "/api/v1/clusters/{slug}/repairs/": list(RepairHistoryFilter.base_filters),
+    "/api/v1/clusters/{slug}/jobs/": ["user", "state", "node"],
+    "/api/v1/clusters/{slug}/nodes/{name}/bundles/": [],
+    "/api/v1/audit/": ["action", "actor", "cluster"],
+}
+
+
+def answer_schema(operation):
+    """What a GET answers with 200, as its OpenAPI schema ({} when it is not JSON)."""
+    answer = operation["responses"]["200"].get("content", {}).get("application/json", {})
+    return answer.get("schema", {})
+
+
+def test_every_list_declares_limit_offset_and_its_filters_in_openapi(cluster):
+    schema = Client().get("/api/v1/openapi.json").json()
+    lists = {path for path, operations in schema["paths"].items() if "get" in operations
+             and answer_schema(operations["get"]).get("$ref", "").endswith("Page")}
+    assert lists == set(LIST_FILTERS)
+    for path, filters in LIST_FILTERS.items():
+        declared = {parameter["name"]: parameter
+                    for parameter in schema["paths"][path]["get"]["parameters"]
+                    if parameter["in"] == "query"}
+        assert list(declared) == ["limit", "offset", *filters], path
+        assert all(parameter["description"] for parameter in declared.values()), path
+        assert declared["limit"]["schema"]["maximum"] == 1000
+    states = schema["paths"]["/api/v1/clusters/{slug}/nodes/"]["get"]["parameters"]
+    state = next(parameter for parameter in states if parameter["name"] == "state")
+    assert state["schema"]["enum"] == list(NodeState.values)
+    assert "the node's state" in state["description"]
+
+
+def test_no_get_answers_a_bare_list(cluster):
+    schema = Client().get("/api/v1/openapi.json").json()
+    for path, operations in schema["paths"].items():
+        if "get" in operations:
+            assert answer_schema(operations["get"]).get("type") != "array", path
 
 
 def test_an_operator_approves_through_the_same_service_and_audit(cluster, api_as):

@@ -181,3 +181,26 @@ def test_each_endpoint_answers_each_role_as_the_table_says(world, token_for, nam
         assert response.status_code == 403, response.content
         assert response["Content-Type"] == "application/problem+json"
         assert new == ["api.forbidden"], new
+
+
+LISTS = [pytest.param(name, route, id=name) for name, route in api_patterns()
+         if name.startswith("api:list_")]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name, route", LISTS)
+def test_every_list_answers_limit_items_from_offset_and_refuses_unknown_parameters(
+        world, token_for, name, route):
+    _, token = token_for(Role.ADMIN)
+    client = ApiClient(token)
+    path = path_for(name, route, world)
+    page = client.get(path, limit=1, offset=0)
+    assert page.status_code == 200, page.content
+    body = page.json()
+    assert set(body) == {"count", "limit", "offset", "next_offset", "items"}
+    assert (body["limit"], body["offset"]) == (1, 0) and len(body["items"]) <= 1
+    assert body["next_offset"] == (1 if body["count"] > 1 else None)
+    unknown = client.get(path, page=2)
+    assert unknown.status_code == 400 and unknown["Content-Type"] == "application/problem+json"
+    assert "Unknown query parameter page" in unknown.json()["detail"]
+    assert "limit, offset" in unknown.json()["detail"]

@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 
 TIMEOUT_S = 30
+PAGE_SIZE = 100  # items a request asks for: the API's default limit
 
 
 class ApiError(Exception):
@@ -46,15 +47,16 @@ class Api:
     def post(self, path, body=None):
         return self.request("POST", path, body=body or {})
 
-    def pages(self, path, **params):
-        """Every item of a paged list."""
-        page, items = 1, []
-        while True:
-            answer = self.get(path, page=page, **params)
-            items += answer["items"]
-            if answer["page"] >= answer["pages"]:
-                return items
-            page += 1
+    def items(self, path, limit=None, **params):
+        """A list's items, page after page (limit and offset) until its last page, or until
+        `limit` items when one is given."""
+        found, offset = [], 0
+        while offset is not None and (limit is None or len(found) < limit):
+            wanted = PAGE_SIZE if limit is None else min(PAGE_SIZE, limit - len(found))
+            answer = self.get(path, limit=wanted, offset=offset, **params)
+            found += answer["items"]
+            offset = answer["next_offset"]
+        return found
 
 
 def problem_text(status, raw):
@@ -133,6 +135,17 @@ COLUMNS = {
 }
 
 
+def positive_int(text):
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"not a number of items: {text!r}")
+    return int(text)
+
+
+def add_limit(list_parser):
+    list_parser.add_argument("--limit", type=positive_int,
+                             help="at most this many items (default: all of them)")
+
+
 def parser():
     main = argparse.ArgumentParser(prog="clusterctl", description=__doc__)
     main.add_argument("--url", default=os.environ.get("CLUSTERCTL_URL"),
@@ -143,10 +156,11 @@ def parser():
     nouns = main.add_subparsers(dest="noun", required=True)
 
     clusters = nouns.add_parser("clusters").add_subparsers(dest="verb", required=True)
-    clusters.add_parser("list")
+    add_limit(clusters.add_parser("list"))
 
     nodes = nouns.add_parser("nodes").add_subparsers(dest="verb", required=True)
     node_list = nodes.add_parser("list")
+    add_limit(node_list)
     for name in ("state", "role", "signature", "name"):
         node_list.add_argument(f"--{name}")
     pause = nodes.add_parser("pause")
@@ -158,6 +172,7 @@ def parser():
 
     events = nouns.add_parser("events").add_subparsers(dest="verb", required=True)
     event_list = events.add_parser("list")
+    add_limit(event_list)
     event_list.add_argument("--open", action="store_true", help="open events only")
     for name in ("severity", "signature", "node", "period"):
         event_list.add_argument(f"--{name}")
@@ -169,6 +184,7 @@ def parser():
 
     repairs = nouns.add_parser("repairs").add_subparsers(dest="verb", required=True)
     repair_list = repairs.add_parser("list")
+    add_limit(repair_list)
     for name in ("status", "node", "action", "period"):
         repair_list.add_argument(f"--{name}")
     repairs.add_parser("show").add_argument("repair", help="its number (12) or id")
@@ -195,6 +211,7 @@ def parser():
 
     checks = nouns.add_parser("checks").add_subparsers(dest="verb", required=True)
     check_list = checks.add_parser("list")
+    add_limit(check_list)
     for name in ("node", "check", "status", "purpose"):
         check_list.add_argument(f"--{name}")
     run = checks.add_parser("run")
@@ -206,7 +223,7 @@ def parser():
 def cluster_slug(api, args):
     if args.cluster:
         return args.cluster
-    slugs = [cluster["slug"] for cluster in api.get("/clusters/")]
+    slugs = [cluster["slug"] for cluster in api.items("/clusters/")]
     if len(slugs) != 1:
         raise ApiError(f"name the cluster with --cluster (or CLUSTERCTL_CLUSTER): "
                        f"{', '.join(slugs) or 'there are none'}")
@@ -216,12 +233,12 @@ def cluster_slug(api, args):
 def run(api, args):
     """(what to print: JSON data, the table's kind)."""
     if args.noun == "clusters":
-        return api.get("/clusters/"), "clusters"
+        return api.items("/clusters/", limit=args.limit), "clusters"
     at = f"/clusters/{cluster_slug(api, args)}"
     if args.noun == "nodes":
         if args.verb == "list":
-            return api.pages(f"{at}/nodes/", state=args.state, role=args.role,
-                             signature=args.signature, name=args.name), "nodes"
+            return api.items(f"{at}/nodes/", limit=args.limit, state=args.state,
+                             role=args.role, signature=args.signature, name=args.name), "nodes"
         if args.verb == "pause":
             return [api.post(f"{at}/nodes/{args.node}/pause/", {"reason": args.reason})], "nodes"
         if args.verb == "cleanup":
@@ -229,8 +246,9 @@ def run(api, args):
         return [api.post(f"{at}/nodes/{args.node}/resume/")], "nodes"
     if args.noun == "events":
         if args.verb == "list":
-            return api.pages(f"{at}/events/", open="true" if args.open else None,
-                             severity=args.severity, signature=args.signature, node=args.node,
+            return api.items(f"{at}/events/", limit=args.limit,
+                             open="true" if args.open else None, severity=args.severity,
+                             signature=args.signature, node=args.node,
                              period=args.period), "events"
         if args.verb == "acknowledge":
             return [api.post(f"{at}/events/{args.id}/acknowledge/")], "events"
@@ -238,8 +256,8 @@ def run(api, args):
                          {"hours": args.hours, "reason": args.reason})], "events"
     if args.noun == "repairs":
         if args.verb == "list":
-            return api.pages(f"{at}/repairs/", status=args.status, node=args.node,
-                             action=args.action, period=args.period), "repairs"
+            return api.items(f"{at}/repairs/", limit=args.limit, status=args.status,
+                             node=args.node, action=args.action, period=args.period), "repairs"
         if args.verb == "show":
             return [api.get(f"{at}/repairs/{args.repair}/")], "repairs"
         if args.verb == "abort":
@@ -258,8 +276,8 @@ def run(api, args):
         return [api.post(f"{at}/repairs/{args.repair}/{args.verb}/",
                          {"comment": args.comment})], "repairs"
     if args.verb == "list":
-        return api.pages(f"{at}/checks/", node=args.node, check=args.check, status=args.status,
-                         purpose=args.purpose), "checks"
+        return api.items(f"{at}/checks/", limit=args.limit, node=args.node, check=args.check,
+                         status=args.status, purpose=args.purpose), "checks"
     return api.post(f"{at}/nodes/{args.node}/checks/", {"check": args.check}), "checks"
 
 
