@@ -388,7 +388,8 @@ def usage_history(cluster, script):
     minutes = [last - timedelta(minutes=m) for m in range(HISTORY_MINUTES - 1, -1, -1)]
     now_s = script.now.timestamp()
     clock = [0.0]
-    totals = {minute: [0.0, 0, 0.0, 0, 0.0] for minute in minutes}  # util, GPUs, used, total, net
+    # util, GPUs, memory used, memory total, network, SM activity
+    totals = {minute: [0.0, 0, 0.0, 0, 0.0, 0.0] for minute in minutes}
     rows = []
     for name in names:
         jobs = [job for job in workload.jobs_on(name, minutes[0].timestamp(), now_s, now_s)
@@ -421,14 +422,15 @@ def usage_history(cluster, script):
             total[2] += sum(gpu["mem_used_bytes"] for gpu in readings)
             total[3] += len(readings) * memory
             total[4] += host_readings["net_rx_bps"] + host_readings["net_tx_bps"]
+            total[5] += sum(gpu["sm_active_pct"] for gpu in readings)
     for start in range(0, len(rows), HISTORY_INSERT_ROWS):
         insert_rows(NodeRollup, ("node", "minute", "gpus", "node_metrics"),
                     rows[start:start + HISTORY_INSERT_ROWS])
     ClusterRollup.objects.bulk_create(
         ClusterRollup(cluster=cluster, minute=minute, gpus_reporting=count,
                       gpu_util_pct=util / count, gpu_mem_used_pct=100 * used / memory,
-                      net_bps=net)
-        for minute, (util, count, used, memory, net) in totals.items() if count)
+                      net_bps=net, gpu_sm_active_pct=sm_active / count)
+        for minute, (util, count, used, memory, net, sm_active) in totals.items() if count)
 
 # --- the whole seed --------------------------------------------------------------------------
 

@@ -31,6 +31,10 @@ from .series import render_gateway_series
 
 MIB = 1024 * 1024
 
+def ratio(percent):
+    return None if percent is None else percent / 100
+
+
 # (name, help, type, value from a live GPU entry). Help texts are dcgm-exporter's.
 GPU_SERIES = [
     ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "gauge", lambda g: g.get("util_pct")),
@@ -53,6 +57,17 @@ GPU_SERIES = [
      "per second.", "gauge", lambda g: g.get("pcie_tx_bps")),
     ("DCGM_FI_PROF_PCIE_RX_BYTES", "The rate of data received over the PCIe bus, in bytes "
      "per second.", "gauge", lambda g: g.get("pcie_rx_bps")),
+    # DCGM's profiling fields are ratios (0-1); the agent reports NVML's GPM in percent.
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active.", "gauge",
+     lambda g: ratio(g.get("gr_engine_active_pct"))),
+    ("DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned.",
+     "gauge", lambda g: ratio(g.get("sm_active_pct"))),
+    ("DCGM_FI_PROF_SM_OCCUPANCY", "The ratio of number of warps resident on an SM.", "gauge",
+     lambda g: ratio(g.get("sm_occupancy_pct"))),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor (HMMA) pipe is active.",
+     "gauge", lambda g: ratio(g.get("tensor_active_pct"))),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", "Ratio of cycles the device memory interface is active "
+     "sending or receiving data.", "gauge", lambda g: ratio(g.get("dram_active_pct"))),
 ]
 XID_SERIES = ("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", "gauge")
 

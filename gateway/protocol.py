@@ -184,7 +184,10 @@ SAMPLE_GPU = {
     **{
         field: (_number, False)
         for field in ("util_pct", "mem_util_pct", "mem_used_bytes", "temp_c", "power_w",
-                      "sm_clock_mhz", "pcie_tx_bps", "pcie_rx_bps")
+                      "sm_clock_mhz", "pcie_tx_bps", "pcie_rx_bps",
+                      # GPU activity (NVML's GPM, Hopper and later; issue 27), percent
+                      "gr_engine_active_pct", "sm_active_pct", "sm_occupancy_pct",
+                      "tensor_active_pct", "dram_active_pct")
     },
     "clock_event_reasons": (_integer, False),
     "ecc_dbe_volatile": (_integer, False),

@@ -165,6 +165,8 @@ def build_summary(slug, facts, usage, now_ts):
             "gpu_util_pct": round(usage["gpu_util_pct"], 1),
             "gpu_mem_used_pct": round(usage["gpu_mem_used_pct"], 1),
             "net_gbps": round(usage["net_bps"] * 8 / 1e9, 2),
+            "gpu_sm_active_pct": (None if usage["gpu_sm_active_pct"] is None
+                                  else round(usage["gpu_sm_active_pct"], 1)),
         },
     }
 

@@ -43,21 +43,29 @@ class NodeReading(NamedTuple):
     mem_used: float  # of the GPUs with both memory readings
     mem_total: float
     net_bps: float  # received and sent
+    sm_active_sum: float  # of the GPUs with an SM activity reading (GPM: Hopper and later)
+    sm_active_count: int
     at_load: tuple  # GPU_AT_LOAD of the GPUs at min_util_pct or more with an SM clock
 
 
 # NodeReading's fields a cluster sums up.
-SUMMED = slice(2, 8)
+SUMMED = slice(2, 10)
+NO_SUMS = [0] * (SUMMED.stop - SUMMED.start)
 
 
 def node_reading(entry, min_util_pct):
     """A live entry (gateway.protocol.live_entry) as a NodeReading."""
     util_sum, util_count, used, total, at_load = 0.0, 0, 0, 0, []
+    sm_active_sum, sm_active_count = 0.0, 0
     for gpu in entry["gpus"]:
         util = gpu.get("util_pct")
         if reading(util) is not None:
             util_sum += util
             util_count += 1
+        sm_active = reading(gpu.get("sm_active_pct"))
+        if sm_active is not None:
+            sm_active_sum += sm_active
+            sm_active_count += 1
         if util is not None and util >= min_util_pct and gpu.get("sm_clock_mhz") is not None:
             at_load.append(gpu_at_load(gpu))
         gpu_used = reading(gpu.get("mem_used_bytes"))
@@ -68,7 +76,8 @@ def node_reading(entry, min_util_pct):
     node = entry["node"]
     net = (reading(node.get("net_rx_bps")) or 0) + (reading(node.get("net_tx_bps")) or 0)
     return NodeReading(entry["node_id"], entry["received_at"], len(entry["gpus"]), util_sum,
-                       util_count, used, total, net, tuple(at_load))
+                       util_count, used, total, net, sm_active_sum, sm_active_count,
+                       tuple(at_load))
 
 
 def encode_reading(cluster_id, node_reading):
@@ -87,7 +96,7 @@ class ClusterFold:
     def __init__(self):
         self.readings = {}  # node id -> NodeReading
         self.by_age = []  # heap of (received_at, node id); replaced readings leave lazily
-        self.sums = [0] * 6  # of NodeReading's SUMMED fields
+        self.sums = list(NO_SUMS)  # of NodeReading's SUMMED fields
         self.heard = set()  # node ids with a reading since take_heard()
 
     def add(self, node_reading):
@@ -113,11 +122,11 @@ class ClusterFold:
                 self._subtract(current)
                 del self.readings[node_id]
         if not self.readings:
-            self.sums = [0] * 6  # exactly nothing, whatever the running sums drifted to
+            self.sums = list(NO_SUMS)  # exactly nothing, whatever the sums drifted to
 
     def usage(self):
         """Cluster-wide usage of the readings held; None when no GPU reports."""
-        gpus, util_sum, util_count, used, total, net = self.sums
+        gpus, util_sum, util_count, used, total, net, sm_active_sum, sm_active_count = self.sums
         if not gpus:
             return None
         return {
@@ -125,6 +134,8 @@ class ClusterFold:
             "gpu_util_pct": util_sum / util_count if util_count else 0.0,
             "gpu_mem_used_pct": 100.0 * used / total if total > 0 else 0.0,
             "net_bps": net,
+            # None where no GPU reports it (none has GPM: before Hopper)
+            "gpu_sm_active_pct": sm_active_sum / sm_active_count if sm_active_count else None,
         }
 
     def take_heard(self):

@@ -180,6 +180,9 @@ class ClusterRollup(models.Model):
     gpu_util_pct = models.FloatField(help_text="mean GPU utilization, percent")
     gpu_mem_used_pct = models.FloatField(help_text="GPU memory used over total, percent")
     net_bps = models.FloatField(help_text="node network rx + tx, bytes per second")
+    gpu_sm_active_pct = models.FloatField(
+        null=True, help_text="mean SM activity of the GPUs that report it (NVML's GPM, "
+                             "Hopper and later), percent; null where none does")
 
     class Meta:
         ordering = ["minute"]
@@ -266,8 +269,8 @@ class AgentEventReceipt(models.Model):
 class NodeRollup(models.Model):
     """One minute of one node: [mean, max] of each GPU metric per GPU, and of its network.
 
-    gpus: {uuid: {"util_pct": [mean, max], "mem_used_bytes": [...], "temp_c": [...],
-    "power_w": [...]}}; node: {"net_rx_bps": [mean, max], "net_tx_bps": [...], "cpu_pct": [...]}.
+    gpus: {uuid: {"util_pct": [mean, max], "sm_active_pct": [...], "mem_used_bytes": [...],
+    "temp_c": [...], "power_w": [...]}} (a metric the GPU does not report: [null, null]); node: {"net_rx_bps": [mean, max], "net_tx_bps": [...], "cpu_pct": [...]}.
     """
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="rollups")

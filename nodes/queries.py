@@ -25,7 +25,7 @@ from .models import AgentCommand, MaintenanceWindow, Node, NodeRollup
 from .rollups import reading
 
 NODES_PAGE_SIZE = 50
-CHART_METRICS = ("util_pct", "mem_used_bytes", "temp_c", "power_w")
+CHART_METRICS = ("util_pct", "sm_active_pct", "mem_used_bytes", "temp_c", "power_w")
 
 
 def get_node_for_user(request: HttpRequest, slug: str, name: str) -> Node:

@@ -16,7 +16,7 @@ from common.bulk_sql import column, insert_rows, one_of, select, table
 
 from .models import ClusterRollup, Node, NodeRollup
 
-GPU_METRICS = ("util_pct", "mem_used_bytes", "temp_c", "power_w")
+GPU_METRICS = ("util_pct", "sm_active_pct", "mem_used_bytes", "temp_c", "power_w")
 NODE_METRICS = ("net_rx_bps", "net_tx_bps", "cpu_pct")
 
 
@@ -54,7 +54,8 @@ def mean_and_peak(stats, metrics):
     return pairs
 
 
-CLUSTER_METRICS = ("gpus_reporting", "gpu_util_pct", "gpu_mem_used_pct", "net_bps")
+CLUSTER_METRICS = ("gpus_reporting", "gpu_util_pct", "gpu_mem_used_pct", "net_bps",
+                   "gpu_sm_active_pct")
 
 
 def cluster_rollup_rows(minute, clusters):
@@ -70,6 +71,7 @@ def cluster_rollup_rows(minute, clusters):
             gpu_util_pct=pairs["gpu_util_pct"][0] or 0.0,
             gpu_mem_used_pct=pairs["gpu_mem_used_pct"][0] or 0.0,
             net_bps=pairs["net_bps"][0] or 0.0,
+            gpu_sm_active_pct=pairs["gpu_sm_active_pct"][0],
         ))
     return rows
 

@@ -88,7 +88,8 @@ def usage(cluster, now=None):
     rollups = list(
         ClusterRollup.objects.filter(cluster=cluster, minute__gte=now - USAGE_WINDOW)
         .order_by("minute")
-        .values("minute", "gpus_reporting", "gpu_util_pct", "gpu_mem_used_pct", "net_bps")
+        .values("minute", "gpus_reporting", "gpu_util_pct", "gpu_mem_used_pct", "net_bps",
+                "gpu_sm_active_pct")
     )
     latest = rollups[-1] if rollups and now - rollups[-1]["minute"] <= USAGE_FRESH_FOR else None
     if latest is not None:
@@ -98,6 +99,8 @@ def usage(cluster, now=None):
         "gpu_util_pct": [round(r["gpu_util_pct"], 1) for r in rollups],
         "gpu_mem_used_pct": [round(r["gpu_mem_used_pct"], 1) for r in rollups],
         "net_gbps": [bits_per_s_in_gbps(r["net_bps"]) for r in rollups],
+        "gpu_sm_active_pct": [None if r["gpu_sm_active_pct"] is None
+                              else round(r["gpu_sm_active_pct"], 1) for r in rollups],
     }
     return {"latest": latest, "series": series}
 

@@ -16,6 +16,18 @@ A backend has:
 
 from agent.connection.protocol import event_frame
 
+# How busy a GPU's parts really are, 0-100 (NVML's GPM metrics, Hopper and later; null on
+# older GPUs), each with the NVML metric it is read from. /metrics exports them as
+# dcgm-exporter's DCGM_FI_PROF_* fields (gateway/metrics.py).
+ACTIVITY_METRICS = {
+    "gr_engine_active_pct": "NVML_GPM_METRIC_GRAPHICS_UTIL",
+    "sm_active_pct": "NVML_GPM_METRIC_SM_UTIL",
+    "sm_occupancy_pct": "NVML_GPM_METRIC_SM_OCCUPANCY",
+    "tensor_active_pct": "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
+    "dram_active_pct": "NVML_GPM_METRIC_DRAM_BW_UTIL",
+}
+ACTIVITY_FIELDS = tuple(ACTIVITY_METRICS)
+
 # The per-GPU fields of a sample, as PROTOCOL.md names them.
 GPU_FIELDS = (
     "util_pct",
@@ -28,6 +40,7 @@ GPU_FIELDS = (
     "ecc_dbe_volatile",
     "pcie_tx_bps",
     "pcie_rx_bps",
+    *ACTIVITY_FIELDS,
 )
 
 # nvmlClocksEventReason* bits (PROTOCOL.md lists the ones the server reads).

@@ -4,12 +4,22 @@ Measured on an H200 (data/h200/nvml_snapshot.json, `latency`): each getter used
 for a sample takes 2-7 us, but nvmlDeviceGetPcieThroughput blocks about 21 ms per
 call (NVML measures over a 20 ms window). So PCIe throughput is read by a background
 thread on its own slower cadence, and a sample takes the latest value it found: a
-sample of 8 GPUs never waits on it."""
+sample of 8 GPUs never waits on it.
+
+On Hopper and later, NVML's GPM metrics say how busy the GPU's parts really are (SM
+activity, occupancy, tensor cores, DRAM): each sample takes a GPM sample per GPU and NVML
+computes the metrics over the time since the previous one (GpmReader)."""
 
 import logging
 import threading
 
-from agent.backends import BackendUnavailable, cuda_version_text, gpu_lost_event
+from agent.backends import (
+    ACTIVITY_FIELDS,
+    ACTIVITY_METRICS,
+    BackendUnavailable,
+    cuda_version_text,
+    gpu_lost_event,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +52,13 @@ class NvmlBackend:
             self.cuda_version = None
 
         self._gpus = []  # [(hello entry, NVML handle)]
+        self._gpm = {}  # uuid -> GpmReader
         for index in range(gpu_count):
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                self._gpus.append((_describe_gpu(nvml, index, handle), handle))
+                gpu = _describe_gpu(nvml, index, handle)
+                self._gpus.append((gpu, handle))
+                self._gpm[gpu["uuid"]] = GpmReader(nvml, handle)
             except nvml.NVMLError as exc:
                 # The server sees it missing against the node's inventory (gpu_lost).
                 log.error("GPU %d cannot be read (%s); it is left out", index, exc)
@@ -95,6 +108,8 @@ class NvmlBackend:
     def close(self):
         self._pcie.stop()
         self._pcie.join(timeout=2)
+        for gpm in self._gpm.values():
+            gpm.close()
         try:
             self._nvml.nvmlShutdown()
         except self._nvml.NVMLError as exc:
@@ -130,7 +145,20 @@ class NvmlBackend:
             ),
             "pcie_tx_bps": pcie_tx_bps,
             "pcie_rx_bps": pcie_rx_bps,
+            **self._activity(uuid),
         }
+
+    def _activity(self, uuid):
+        """The GPU's GPM metrics since the last sample; nulls where it has none."""
+        try:
+            return self._gpm[uuid].read()
+        except self._nvml.NVMLError_GpuIsLost:
+            raise
+        except self._nvml.NVMLError as exc:
+            if (uuid, "gpm") not in self._warned:
+                self._warned.add((uuid, "gpm"))
+                log.warning("GPM metrics on %s failed: %s (reported as null)", uuid, exc)
+            return NO_ACTIVITY
 
     def _get(self, uuid, getter, *args):
         """getter(*args), or None where the GPU does not support it or it fails. A lost
@@ -147,6 +175,70 @@ class NvmlBackend:
                 self._warned.add((uuid, getter.__name__))
                 log.warning("%s on %s failed: %s (reported as null)", getter.__name__, uuid, exc)
             return None
+
+
+NO_ACTIVITY = dict.fromkeys(ACTIVITY_FIELDS)
+
+
+class GpmReader:
+    """One GPU's GPM metrics (ACTIVITY_METRICS), as NVML's API documentation describes
+    them: nvmlGpmSampleGet takes a sample, and nvmlGpmMetricsGet computes each metric over
+    the time between two samples. read() takes a new sample and compares it with the one
+    before, so its values cover the time since the last read (a sample interval); the
+    first read has nothing to compare with and answers nulls. A GPU without GPM (before
+    Hopper, or a driver without it) answers nulls throughout."""
+
+    def __init__(self, nvml, handle):
+        self._nvml = nvml
+        self._handle = handle
+        self._samples = []  # [previous, next], allocated by NVML
+        self._have_previous = False
+        if _gpm_supported(nvml, handle):
+            self._samples = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
+
+    def read(self):
+        """{field: percent or None} for every ACTIVITY_FIELDS."""
+        if not self._samples:
+            return NO_ACTIVITY
+        nvml = self._nvml
+        previous, current = self._samples
+        nvml.nvmlGpmSampleGet(self._handle, current)
+        self._samples = [current, previous]
+        if not self._have_previous:
+            self._have_previous = True
+            return NO_ACTIVITY
+        request = nvml.c_nvmlGpmMetricsGet_t()
+        request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(ACTIVITY_METRICS)
+        request.sample1 = previous
+        request.sample2 = current
+        for slot, metric in zip(request.metrics, ACTIVITY_METRICS.values()):
+            slot.metricId = getattr(nvml, metric)
+        nvml.nvmlGpmMetricsGet(request)
+        return {field: (round(slot.value, 1) if slot.nvmlReturn == nvml.NVML_SUCCESS else None)
+                for field, slot in zip(ACTIVITY_FIELDS, request.metrics)}
+
+    def close(self):
+        for sample in self._samples:
+            try:
+                self._nvml.nvmlGpmSampleFree(sample)
+            except self._nvml.NVMLError as exc:
+                log.debug("nvmlGpmSampleFree: %s", exc)
+        self._samples = []
+
+
+def _gpm_supported(nvml, handle):
+    """Whether the GPU has GPM metrics (nvmlGpmQueryDeviceSupport); False where the driver
+    or the pynvml in use has no GPM at all."""
+    query = getattr(nvml, "nvmlGpmQueryDeviceSupport", None)
+    if query is None:
+        return False
+    try:
+        return bool(query(handle).isSupportedDevice)
+    except nvml.NVMLError as exc:
+        log.info("no GPM metrics (nvmlGpmQueryDeviceSupport: %s): activity fields are null",
+                 exc)
+        return False
 
 
 class PcieThroughputPoller(threading.Thread):

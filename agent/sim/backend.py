@@ -12,7 +12,12 @@ count. Only a lost GPU is the backend's own event, as on NVML.
 
 In the demo fleet the GPUs follow the node's jobs (`job`, from agent/sim/workload.py): the
 GPUs a job holds replay the trace's loaded seconds, scaled to how hard the job works them,
-with its memory in use; the others replay its idle seconds."""
+with its memory in use; the others replay its idle seconds.
+
+The trace has no GPM readings (NVML's activity metrics): each reading's activity fields are
+derived from it, the graphics engine as busy as its utilization, the SMs, tensor cores and
+DRAM also as hard as its power above idle says (data/h200/gpm_metrics.json's values at
+load, which were never captured on hardware)."""
 
 import bisect
 import json
@@ -22,7 +27,12 @@ import uuid
 import zlib
 from importlib import resources
 
-from agent.backends import CLOCK_EVENT_HW_THERMAL, cuda_version_text, gpu_lost_event
+from agent.backends import (
+    ACTIVITY_METRICS,
+    CLOCK_EVENT_HW_THERMAL,
+    cuda_version_text,
+    gpu_lost_event,
+)
 from agent.detectors.xid import load_xid_descriptions
 from agent.sim.inject import HYGIENE_FAULTS, XID_STORM_LINES
 from agent.sim.kernel_log import SimulatedKernelLog
@@ -106,6 +116,9 @@ class SimulatedBackend:
         self._node_step = node_hash % 97
         self._idle = [r for t, r in zip(self._times, self._readings) if t < IDLE_UNTIL_S]
         peak_w = max(r["power_w"] for r in self._readings)
+        self._power_range_w = (min(r["power_w"] for r in self._readings), peak_w)
+        self._activity_at_load = {field: load_fixture("gpm_metrics.json")["at_load"][metric]
+                                  for field, metric in ACTIVITY_METRICS.items()}
         self._loaded = [r for r in self._readings if r["util_pct"] >= LOADED_FROM_PCT
                         and r["power_w"] >= LOADED_POWER_SHARE * peak_w]
 
@@ -145,6 +158,7 @@ class SimulatedBackend:
                 reading["clock_event_reasons"] |= CLOCK_EVENT_HW_THERMAL
                 reading["temp_c"] = max(reading["temp_c"], self._hot_temp_c)
             reading["ecc_dbe_volatile"] += self._new_dbe[index]
+            reading.update(self._activity(reading))
             readings.append(reading)
         return readings
 
@@ -202,6 +216,15 @@ class SimulatedBackend:
                                       * self._node_memory),
                 "temp_c": round(between("temp_c")),
                 "power_w": round(between("power_w"), 1)}
+
+    def _activity(self, reading):
+        """The reading's GPM activity fields, derived from its utilization and power."""
+        idle_w, peak_w = self._power_range_w
+        busy = reading["util_pct"] / 100
+        working = min(1.0, max(0.0, (reading["power_w"] - idle_w) / (peak_w - idle_w)))
+        return {field: round(at_load * busy * (1.0 if field == "gr_engine_active_pct"
+                                               else working), 1)
+                for field, at_load in self._activity_at_load.items()}
 
     def _thermal_active(self, index, elapsed):
         return any(

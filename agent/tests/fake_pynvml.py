@@ -40,6 +40,12 @@ def load_snapshot():
     return json.loads((FIXTURES / "nvml_snapshot.json").read_text())
 
 
+def load_gpm():
+    """agent/data/h200/gpm_metrics.json: GPM values shaped by NVML's documentation, never
+    captured on hardware (the file says so)."""
+    return json.loads((FIXTURES / "gpm_metrics.json").read_text())
+
+
 def load_trace():
     return json.loads((FIXTURES / "nvml_trace.json").read_text())
 
@@ -81,7 +87,7 @@ class FakeNvml:
         nvmlDeviceGetPcieThroughput blocks; not_supported: getter names that raise
         NVMLError_NotSupported; init_error: an NVMLError class nvmlInit raises."""
         for name in dir(pynvml):
-            if name.startswith(("NVMLError", "NVML_", "nvmlEventType")):
+            if name.startswith(("NVMLError", "NVML_", "nvmlEventType", "c_nvmlGpm")):
                 setattr(self, name, getattr(pynvml, name))
         self.snapshot = load_snapshot()
         self.device = self.snapshot["devices"][0]
@@ -103,6 +109,12 @@ class FakeNvml:
         self.architecture = self.device["arch"]
         self.nvlinks = {}
         self.persistence_mode = self.device["persistence_mode"]
+        # GPM (Hopper and later), as NVML's API documentation describes it: a sample is a
+        # buffer NVML allocates; nvmlGpmMetricsGet computes each metric over two samples of
+        # one GPU. The values were never captured on hardware (gpm_metrics.json): they
+        # move from its `idle` to its `at_load` with the GPU's utilization.
+        self.gpm = load_gpm()
+        self.gpm_samples = {}  # address -> [buffer, (GPU index, {metric name: value}) or None]
 
     def uuid(self, index):
         real = self.device["uuid"]
@@ -314,6 +326,53 @@ class FakeNvml:
             else:
                 value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
         return values
+
+    def nvmlGpmQueryDeviceSupport(self, handle):
+        self._check(handle, "nvmlGpmQueryDeviceSupport")
+        support = pynvml.c_nvmlGpmSupport_t()
+        support.version = pynvml.NVML_GPM_SUPPORT_VERSION
+        support.isSupportedDevice = int(self.architecture >= pynvml.NVML_DEVICE_ARCH_HOPPER)
+        return support
+
+    def nvmlGpmSampleAlloc(self):
+        buffer = ctypes.c_uint64()
+        sample = ctypes.cast(ctypes.pointer(buffer), pynvml.c_nvmlGpmSample_t)
+        self.gpm_samples[ctypes.addressof(buffer)] = [buffer, None]
+        return sample
+
+    def nvmlGpmSampleFree(self, sample):
+        self._gpm_sample(sample)
+        del self.gpm_samples[ctypes.cast(sample, ctypes.c_void_p).value]
+
+    def nvmlGpmSampleGet(self, handle, sample):
+        self._check(handle, "nvmlGpmSampleGet")
+        load = self.dynamic["utilization"]["gpu"] / 100
+        idle, at_load = self.gpm["idle"], self.gpm["at_load"]
+        values = {name: idle[name] + (at_load[name] - idle[name]) * load for name in idle}
+        self._gpm_sample(sample)[1] = (handle.index, values)
+        return sample
+
+    def nvmlGpmMetricsGet(self, request):
+        if request.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        first, second = self._gpm_sample(request.sample1)[1], self._gpm_sample(request.sample2)[1]
+        if first is None or second is None or first[0] != second[0]:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        names = {getattr(pynvml, name): name for name in self.gpm["idle"]}
+        for metric in request.metrics[:request.numMetrics]:
+            name = names.get(metric.metricId)
+            if name is None:
+                metric.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                continue
+            metric.nvmlReturn = pynvml.NVML_SUCCESS
+            metric.value = (first[1][name] + second[1][name]) / 2  # the mean over the interval
+        return request
+
+    def _gpm_sample(self, sample):
+        entry = self.gpm_samples.get(ctypes.cast(sample, ctypes.c_void_p).value)
+        if entry is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return entry
 
     def nvmlEventSetCreate(self):
         event_set = FakeEventSet()

@@ -21,6 +21,13 @@ SAMPLE_GPU_FIELDS = {
     "ecc_dbe_volatile",
     "pcie_tx_bps",
     "pcie_rx_bps",
+    # Proposed for PROTOCOL.md (issue 27's closing note): optional GPU activity fields,
+    # numbers in percent as the `_pct` unit says, null where the GPU has no GPM.
+    "gr_engine_active_pct",
+    "sm_active_pct",
+    "sm_occupancy_pct",
+    "tensor_active_pct",
+    "dram_active_pct",
 }
 SAMPLE_NODE_FIELDS = {"cpu_pct", "mem_used_bytes", "net_rx_bps", "net_tx_bps"}
 INTEGER_GPU_FIELDS = {"clock_event_reasons", "ecc_dbe_volatile", "mem_used_bytes"}

@@ -8,9 +8,9 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from agent.backends import GPU_FIELDS, BackendUnavailable, cuda_version_text
+from agent.backends import ACTIVITY_FIELDS, GPU_FIELDS, BackendUnavailable, cuda_version_text
 from agent.backends.nvml import NvmlBackend
-from agent.tests.fake_pynvml import FakeNvml, trace_load_sample
+from agent.tests.fake_pynvml import FakeNvml, load_gpm, trace_load_sample
 
 REPO = Path(__file__).resolve().parents[2]
 H200_UUID = "GPU-dd6ed4ff-be65-92a6-4ef1-1d9b77bae10b"
@@ -70,6 +70,8 @@ def test_idle_sample_is_the_snapshots_dynamic_block(open_backend):
             "ecc_dbe_volatile": 0,
             "pcie_tx_bps": 1411 * 1024,
             "pcie_rx_bps": 627 * 1024,
+            # GPM compares two samples: the first has nothing to compare with yet
+            **dict.fromkeys(ACTIVITY_FIELDS),
         }
     ]
 
@@ -92,8 +94,80 @@ def test_load_sample_is_the_traces(open_backend):
             "ecc_dbe_volatile": 0,
             "pcie_tx_bps": 7067 * 1024,
             "pcie_rx_bps": 15994 * 1024,
+            **dict.fromkeys(ACTIVITY_FIELDS),
         }
     ]
+
+
+# GPM (never captured on hardware: agent/data/h200/gpm_metrics.json says so) ------------------
+
+ACTIVITY_METRIC_NAMES = {
+    "gr_engine_active_pct": "NVML_GPM_METRIC_GRAPHICS_UTIL",
+    "sm_active_pct": "NVML_GPM_METRIC_SM_UTIL",
+    "sm_occupancy_pct": "NVML_GPM_METRIC_SM_OCCUPANCY",
+    "tensor_active_pct": "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
+    "dram_active_pct": "NVML_GPM_METRIC_DRAM_BW_UTIL",
+}
+
+
+def activity(block):
+    return {field: round(load_gpm()[block][metric], 1)
+            for field, metric in ACTIVITY_METRIC_NAMES.items()}
+
+
+def test_gpu_activity_at_load_comes_from_gpm_from_the_second_sample(open_backend):
+    fake = FakeNvml(dynamic={**trace_load_sample(), "utilization": {"gpu": 100, "memory": 25}})
+    backend = open_backend(fake)
+
+    first, second = backend.read_gpus()[0], backend.read_gpus()[0]
+
+    assert {field: first[field] for field in ACTIVITY_FIELDS} == dict.fromkeys(ACTIVITY_FIELDS)
+    assert {field: second[field] for field in ACTIVITY_FIELDS} == activity("at_load")
+
+
+def test_gpu_activity_follows_the_load_between_two_samples(open_backend):
+    fake = FakeNvml(dynamic={**trace_load_sample(), "utilization": {"gpu": 100, "memory": 25}})
+    backend = open_backend(fake)
+    backend.read_gpus()
+    fake.dynamic = fake.device["dynamic"]  # idle from now on
+    backend.read_gpus()  # half the interval at load, as NVML averages over it
+
+    [gpu] = backend.read_gpus()
+
+    assert gpu["sm_active_pct"] == 0.0 and gpu["tensor_active_pct"] == 0.0
+
+
+def test_a_gpu_before_hopper_has_null_activity(open_backend):
+    fake = FakeNvml()
+    fake.architecture = pynvml.NVML_DEVICE_ARCH_AMPERE
+    backend = open_backend(fake)
+
+    readings = [backend.read_gpus()[0] for _ in range(3)]
+
+    assert all(gpu[field] is None for gpu in readings for field in ACTIVITY_FIELDS)
+    assert readings[-1]["util_pct"] == 0  # the rest still reports
+    assert fake.gpm_samples == {}  # nothing allocated for a GPU without GPM
+
+
+def test_a_failing_gpm_read_is_null_and_the_rest_still_reports(open_backend):
+    fake = FakeNvml(not_supported={"nvmlGpmSampleGet"})
+    backend = open_backend(fake)
+
+    readings = [backend.read_gpus()[0] for _ in range(2)]
+
+    assert all(gpu[field] is None for gpu in readings for field in ACTIVITY_FIELDS)
+    assert readings[-1]["temp_c"] == 31
+
+
+def test_closing_frees_the_gpm_samples(open_backend):
+    fake = FakeNvml(gpu_count=2)
+    backend = NvmlBackend(nvml=fake)
+    backend.read_gpus()
+    assert len(fake.gpm_samples) == 4  # two per GPU: the last one and the next
+
+    backend.close()
+
+    assert fake.gpm_samples == {}
 
 
 def test_a_sample_of_8_gpus_never_waits_on_pcie_throughput(open_backend):
@@ -134,6 +208,7 @@ def test_unsupported_fields_are_null(open_backend):
     )
     backend = open_backend(fake)
     backend.wait_ready(timeout_s=5)
+    backend.read_gpus()  # GPM's first sample
 
     [gpu] = backend.read_gpus()
 

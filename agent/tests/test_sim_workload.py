@@ -134,6 +134,21 @@ def test_the_gpus_a_job_holds_are_busy_with_its_memory_and_the_others_idle():
     assert all(r["util_pct"] == 0 and r["power_w"] < 100 for r in idle_node)
 
 
+def test_gpu_activity_follows_the_job_and_stays_below_utilization():
+    """The trace has no GPM readings: activity is derived from its utilization and power,
+    so a job's GPUs show SM and tensor activity below their utilization, idle GPUs none."""
+    workload = Workload(NODES)
+    node, job = next((node, job) for node in NODES
+                     if (job := workload.running_on(node, NOW)) and job.gpus_per_node < 8)
+    readings = SimulatedBackend(node, gpu_count=8, job=lambda: job).read_gpus()
+    busy, idle = readings[:job.gpus_per_node], readings[job.gpus_per_node:]
+    for r in busy:
+        assert 0 < r["tensor_active_pct"] < r["sm_active_pct"] <= r["gr_engine_active_pct"]
+        assert r["gr_engine_active_pct"] <= r["util_pct"]
+        assert 0 < r["sm_occupancy_pct"] < r["sm_active_pct"] and r["dram_active_pct"] > 0
+    assert all(r["sm_active_pct"] == 0 and r["tensor_active_pct"] == 0 for r in idle)
+
+
 def test_the_nodes_of_one_job_differ_a_little():
     workload = Workload(NODES)
     job = Workload(NODES).running_on("gpu-012", NOW)  # the long run, on eight nodes

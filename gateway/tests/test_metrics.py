@@ -65,6 +65,34 @@ def test_metrics_use_dcgm_names_and_labels(client, cluster, memory_store, scrapi
         assert line.startswith("#") or re.match(r"^[A-Z_]+\{[^}]*\} [-0-9.e+]+$", line), line
 
 
+def test_gpu_activity_is_exported_as_dcgms_profiling_ratios(client, cluster, memory_store,
+                                                            scraping):
+    """NVIDIA's stock DCGM dashboard plots DCGM's profiling fields, each 0-1; the agent
+    reports NVML's GPM metrics in percent (issue 27). A GPU without GPM has no series."""
+    node = NodeFactory(cluster=cluster)
+    hopper, ampere = GpuFactory(node=node, index=0), GpuFactory(node=node, index=1)
+    frame = {"type": "sample", "seq": 1, "ts": time.time(), "node": {}, "gpus": [
+        {"uuid": hopper.uuid, "util_pct": 100, "gr_engine_active_pct": 99.5,
+         "sm_active_pct": 96.8, "sm_occupancy_pct": 47.5, "tensor_active_pct": 83.2,
+         "dram_active_pct": 38.4},
+        {"uuid": ampere.uuid, "util_pct": 100, "gr_engine_active_pct": None,
+         "sm_active_pct": None, "sm_occupancy_pct": None, "tensor_active_pct": None,
+         "dram_active_pct": None}]}
+    memory_store.record(cluster.pk, live_entry(frame, node_id=node.pk, received_at=time.time(),
+                                               memory_totals={}))
+
+    text = scrape(client).text
+
+    values = {name: float(value) for name, value in re.findall(
+        rf'^(DCGM_FI_PROF_\w+)\{{gpu="0",UUID="{hopper.uuid}"[^}}]*\}} (\S+)$', text, re.M)}
+    assert values == {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.995, "DCGM_FI_PROF_SM_ACTIVE": 0.968,
+                      "DCGM_FI_PROF_SM_OCCUPANCY": 0.475,
+                      "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.832,
+                      "DCGM_FI_PROF_DRAM_ACTIVE": 0.384}
+    assert f'UUID="{ampere.uuid}"' in text  # its other series are there
+    assert not re.search(rf'^DCGM_FI_PROF_(GR|SM|PIPE|DRAM)\w*\{{[^}}]*{ampere.uuid}', text, re.M)
+
+
 def test_a_silent_node_has_no_current_values(client, cluster, memory_store, scraping):
     node = NodeFactory(cluster=cluster)
     gpu = GpuFactory(node=node)

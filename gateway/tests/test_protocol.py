@@ -24,7 +24,11 @@ SAMPLE = {"type": "sample", "seq": 812, "ts": 1764442000.123,
           "gpus": [{"uuid": "GPU-dd6e", "util_pct": 100, "mem_util_pct": 24,
                     "mem_used_bytes": 1703936000, "temp_c": 55, "power_w": 690.4,
                     "sm_clock_mhz": 1470, "clock_event_reasons": 4, "ecc_dbe_volatile": 0,
-                    "pcie_tx_bps": 7200000, "pcie_rx_bps": 650000}],
+                    "pcie_tx_bps": 7200000, "pcie_rx_bps": 650000,
+                    # the optional GPU activity fields (NVML's GPM; issue 27)
+                    "gr_engine_active_pct": 99.5, "sm_active_pct": 96.8,
+                    "sm_occupancy_pct": 47.5, "tensor_active_pct": 83.2,
+                    "dram_active_pct": 38.4}],
           "node": {"cpu_pct": 12.5, "mem_used_bytes": 51234567890, "net_rx_bps": 1.2e9,
                    "net_tx_bps": 9.1e8}}
 EVENT = {"type": "event", "id": "0b9e6f0e-2d7c-4a8e-9a41-3c2f1d1f3a10", "ts": 1764442001.5,
@@ -42,6 +46,17 @@ VALID = [HELLO, SAMPLE, EVENT, SCRIPT,
 @pytest.mark.parametrize("frame", VALID, ids=lambda f: f["type"])
 def test_the_protocols_own_examples_are_valid(frame):
     assert parse_frame(json.dumps(frame)) == frame
+
+
+def test_a_sample_without_the_activity_fields_reads_them_as_null():
+    """An agent from before GPM (PROTOCOL.md's own sample example) sends none of them."""
+    activity = ("gr_engine_active_pct", "sm_active_pct", "sm_occupancy_pct",
+                "tensor_active_pct", "dram_active_pct")
+    older = json.loads(json.dumps(SAMPLE))
+    for field in activity:
+        del older["gpus"][0][field]
+    assert parse_frame(json.dumps(older))["gpus"][0] == {**older["gpus"][0],
+                                                         **dict.fromkeys(activity)}
 
 
 def test_unknown_fields_are_ignored():

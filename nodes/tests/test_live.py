@@ -27,10 +27,11 @@ from .factories import NodeFactory
 GIB = 2**30
 
 
-def entry(node, util, mem_used, *, received_at, net=1e9):
+def entry(node, util, mem_used, *, received_at, net=1e9, sm_active=None):
     frame = {"type": "sample", "seq": 1, "ts": received_at,
              "gpus": [{"uuid": f"{node.name}-GPU-{i}", "util_pct": util, "mem_used_bytes": mem_used,
-                       "temp_c": 50 + i, "power_w": 600.0} for i in range(2)],
+                       "temp_c": 50 + i, "power_w": 600.0, "sm_active_pct": sm_active}
+                      for i in range(2)],
              "node": {"net_rx_bps": net, "net_tx_bps": net, "cpu_pct": 10.0}}
     totals = {f"{node.name}-GPU-{i}": 100 * GIB for i in range(2)}
     return live_entry(frame, node_id=node.pk, received_at=received_at, memory_totals=totals)
@@ -57,8 +58,9 @@ async def test_the_publisher_sends_one_summary_per_cluster_from_the_live_store(c
                                                       last_seen=None)
     now = datetime.now(tz=dt_timezone.utc)
     store = MemoryLiveStore()
-    store.record(cluster.pk, entry(a, 100, 50 * GIB, received_at=now.timestamp() - 0.5))
-    store.record(cluster.pk, entry(b, 50, 25 * GIB, received_at=now.timestamp() - 1.0))
+    store.record(cluster.pk, entry(a, 100, 50 * GIB, received_at=now.timestamp() - 0.5,
+                                   sm_active=90.0))
+    store.record(cluster.pk, entry(b, 50, 25 * GIB, received_at=now.timestamp() - 1.0))  # no GPM
     store.record(cluster.pk, entry(stale, 0, 0, received_at=now.timestamp() - 30))
     channel = await layer.new_channel()
     await layer.group_add(cluster_group(cluster.slug), channel)
@@ -69,7 +71,8 @@ async def test_the_publisher_sends_one_summary_per_cluster_from_the_live_store(c
     assert summary["counts"] == {"healthy": 2, "unhealthy": 1, "booting": 0, "pending": 0,
                                  "paused": 0}
     assert summary["usage"] == {"gpus_reporting": 4, "gpu_util_pct": 75.0,
-                                "gpu_mem_used_pct": 37.5, "net_gbps": 32.0}
+                                "gpu_mem_used_pct": 37.5, "net_gbps": 32.0,
+                                "gpu_sm_active_pct": 90.0}  # of the GPUs that report it
     a_seen = await database_sync_to_async(Node.objects.get)(pk=a.pk)
     stale_seen = await database_sync_to_async(Node.objects.get)(pk=stale.pk)
     assert abs(a_seen.last_seen.timestamp() - (now.timestamp() - 0.5)) < 1.0
@@ -87,16 +90,18 @@ async def test_a_finished_minute_is_written_as_rollups(cluster, layer):
     minute = datetime(2026, 11, 29, 14, 2, tzinfo=dt_timezone.utc)
     for second, util in [(0, 100), (20, 50), (40, 0)]:
         at = minute + timedelta(seconds=second)
-        store.record(cluster.pk, entry(node, util, 10 * GIB, received_at=at.timestamp()))
+        store.record(cluster.pk, entry(node, util, 10 * GIB, received_at=at.timestamp(),
+                                       sm_active=util * 0.8))
         await publisher.publish_once(now=at)
     await publisher.publish_once(now=minute + timedelta(minutes=1))
 
     rollup = await database_sync_to_async(ClusterRollup.objects.get)(cluster=cluster)
     assert (rollup.minute, rollup.gpu_util_pct, rollup.gpu_mem_used_pct) == (minute, 50.0, 10.0)
-    assert rollup.gpus_reporting == 2
+    assert rollup.gpus_reporting == 2 and rollup.gpu_sm_active_pct == 40.0
     node_rollup = await database_sync_to_async(NodeRollup.objects.get)(node=node)
     gpu0 = node_rollup.gpus[f"{node.name}-GPU-0"]
     assert gpu0["util_pct"] == [50.0, 100] and gpu0["temp_c"] == [50.0, 50]
+    assert gpu0["sm_active_pct"] == [40.0, 80.0]
     assert node_rollup.node_metrics["net_rx_bps"] == [1e9, 1e9]
 
 

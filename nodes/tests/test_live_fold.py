@@ -96,7 +96,7 @@ def test_a_stale_reading_is_not_heard_and_nothing_left_sums_to_exactly_nothing()
     assert fold.take_heard() == {1: 1000.0}
     assert fold.take_heard() == {}
     fold.expire(2000.0)
-    assert fold.usage() is None and fold.sums == [0] * 6
+    assert fold.usage() is None and fold.sums == [0] * 8
 
 
 def test_only_gpus_at_load_with_a_clock_reach_the_slow_gpu_rule():

@@ -39,8 +39,9 @@ def node(cluster):
 
 
 def rollup(node, minute, util_a, util_b=None):
-    gpus = {"GPU-a": {"util_pct": [util_a, 100], "mem_used_bytes": [2**30, 2**31],
-                      "temp_c": [60.04, 70], "power_w": [500, 600]}}
+    gpus = {"GPU-a": {"util_pct": [util_a, 100], "sm_active_pct": [util_a * 0.9, 95.0],
+                      "mem_used_bytes": [2**30, 2**31], "temp_c": [60.04, 70],
+                      "power_w": [500, 600]}}
     if util_b is not None:
         gpus["GPU-b"] = {"util_pct": [util_b, util_b], "mem_used_bytes": [None, None],
                          "temp_c": [50, 50], "power_w": [400, 400]}
@@ -61,9 +62,11 @@ def test_the_charts_have_one_line_per_gpu_and_metric_for_the_last_hour(client_fo
     assert hour["gpus"] == [{"index": 0, "uuid": "GPU-a", "memory_total_bytes": 150754820096},
                             {"index": 1, "uuid": "GPU-b", "memory_total_bytes": 150754820096}]
     assert len(hour["minute"]) == 2 and len(day["minute"]) == 3
-    assert hour["series"]["GPU-a"] == {"util_pct": [40, 50], "mem_used_bytes": [2**30, 2**30],
+    assert hour["series"]["GPU-a"] == {"util_pct": [40, 50], "sm_active_pct": [36.0, 45.0],
+                                       "mem_used_bytes": [2**30, 2**30],
                                        "temp_c": [60.0, 60.0], "power_w": [500, 500]}
     assert hour["series"]["GPU-b"]["util_pct"] == [80, None]
+    assert hour["series"]["GPU-b"]["sm_active_pct"] == [None, None]  # no GPM (before Hopper)
     assert hour["series"]["GPU-b"]["mem_used_bytes"] == [None, None]
 
 
@@ -81,11 +84,12 @@ def test_the_live_endpoint_gives_the_latest_fresh_sample_per_gpu(client_for, vie
     now = time.time()
     frame = {"type": "sample", "seq": 3, "ts": now - 0.2, "node": {},
              "gpus": [{"uuid": "GPU-a", "util_pct": 97, "mem_used_bytes": 5, "temp_c": 71,
-                       "power_w": 650.5, "sm_clock_mhz": 1980}]}
+                       "power_w": 650.5, "sm_clock_mhz": 1980, "sm_active_pct": 88.5}]}
     store.record(node.cluster_id, live_entry(frame, node_id=node.pk, received_at=now,
                                              memory_totals={}))
     assert client.get(url).json() == {"at": now - 0.2, "gpus": {"GPU-a": {
-        "util_pct": 97, "mem_used_bytes": 5, "temp_c": 71, "power_w": 650.5}}}
+        "util_pct": 97, "sm_active_pct": 88.5, "mem_used_bytes": 5, "temp_c": 71,
+        "power_w": 650.5}}}
 
     store.record(node.cluster_id, live_entry(frame, node_id=node.pk, received_at=now - 3600,
                                              memory_totals={}))
@@ -112,7 +116,8 @@ def test_in_production_the_live_endpoint_reads_its_one_node_from_redis(client_fo
     assert reader.read_node(node.cluster_id, 10**9) is None
     live = client_for(viewer).get(reverse("nodes:live", args=[node.cluster.slug, node.name]))
     assert live.json() == {"at": now, "gpus": {"GPU-gpu-017": {
-        "util_pct": 97, "mem_used_bytes": None, "temp_c": None, "power_w": None}}}
+        "util_pct": 97, "sm_active_pct": None, "mem_used_bytes": None, "temp_c": None,
+        "power_w": None}}}
 
 
 def test_the_node_page_has_the_charts_panel(client_for, viewer, node):

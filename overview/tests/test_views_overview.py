@@ -1,4 +1,5 @@
 import functools
+import re
 from datetime import timedelta
 
 import pytest
@@ -70,6 +71,24 @@ def test_usage_shows_the_latest_minute_and_the_last_hour(client_for, viewer, clu
     assert "182.0 Gb/s" in response.text
     assert "70 %" in response.text
     assert 'id="usage-series"' in response.text
+
+
+@pytest.mark.parametrize("sm_active, shown, says_none", [
+    (61.26, "61 %", False),
+    (None, "–", True),  # no GPU reports it: before Hopper, NVML has no GPM
+])
+def test_sm_activity_shows_beside_utilization(client_for, viewer, cluster, sm_active, shown,
+                                              says_none):
+    ClusterRollup.objects.create(cluster=cluster, minute=timezone.now() - timedelta(minutes=1),
+                                 gpus_reporting=8, gpu_util_pct=90, gpu_mem_used_pct=10,
+                                 net_bps=0, gpu_sm_active_pct=sm_active)
+    response = client_for(viewer).get(overview_url(cluster))
+    figure = re.search(r'data-live-usage="gpu_sm_active_pct">([^<]*)</span>', response.text)
+    assert figure.group(1) == shown
+    hint = re.search(r'<small class="muted" id="sm-activity-none"( hidden)?', response.text)
+    assert (hint.group(1) is None) == says_none
+    assert response.context["usage"]["series"]["gpu_sm_active_pct"] == [
+        None if sm_active is None else round(sm_active, 1)]
 
 
 def test_without_fresh_telemetry_it_says_so(client_for, viewer, cluster):

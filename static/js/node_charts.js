@@ -1,5 +1,5 @@
-// The node page's charts: one per GPU metric (utilization, memory, temperature, power), one
-// line per GPU. The per-minute means of the last hour or day come from the charts URL; the
+// The node page's charts: one per GPU metric (utilization, SM activity, memory, temperature,
+// power), one line per GPU. The per-minute means of the last hour or day come from the charts URL; the
 // node's latest sample is fetched from the live URL every 5 s and extends the lines.
 (function () {
   const panel = document.getElementById("node-charts-panel");
@@ -8,8 +8,13 @@
   const range = current ? current.dataset.range : "hour";
   const spanMs = range === "day" ? 86400e3 : 3600e3;
   const charts = Array.from(panel.querySelectorAll(".chart[data-metric]"));
-  const units = { util_pct: "%", mem_used_bytes: "GiB", temp_c: "°C", power_w: "W" };
-  const titles = { util_pct: "utilization", mem_used_bytes: "memory used", temp_c: "temperature", power_w: "power" };
+  const units = { util_pct: "%", sm_active_pct: "%", mem_used_bytes: "GiB", temp_c: "°C", power_w: "W" };
+  const titles = { util_pct: "utilization", sm_active_pct: "SM activity", mem_used_bytes: "memory used",
+                   temp_c: "temperature", power_w: "power" };
+  // Said on a chart whose metric no GPU reports over the whole range.
+  const noneReported = {
+    sm_active_pct: "No SM activity from these GPUs: NVML's GPM metrics need Hopper or later",
+  };
   const GIB = 1073741824;
   let uuids = [];
   let lastMs = 0; // the newest point drawn: a live sample no newer is not appended
@@ -54,8 +59,14 @@
           hovertemplate: "%{y} " + units[metric] + "<extra>GPU " + gpu.index + "</extra>",
         };
       });
+      const reported = data.gpus.some(function (gpu) {
+        return data.series[gpu.uuid][metric].some(function (v) { return v !== null; });
+      });
       const layout = {
         title: { text: titles[metric] + " (" + units[metric] + ")", font: { size: 13 } },
+        annotations: !reported && data.minute.length && noneReported[metric] ? [{
+          text: noneReported[metric], xref: "paper", yref: "paper", x: 0.5, y: 0.5,
+          showarrow: false, font: { color: "#666" } }] : [],
         margin: { l: 45, r: 10, t: 30, b: 30 }, showlegend: metric === "util_pct",
         legend: { orientation: "h", y: -0.2 },
         // Times only (the day's date would sit on the legend); the hover says the day.

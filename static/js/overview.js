@@ -37,11 +37,14 @@
     return { range: [0, top], dtick: top / 5 };
   }
   let networkTop = roundCeiling(Math.max.apply(null, [1].concat(s.net_gbps.filter(Number.isFinite))));
-  const names = ["GPU utilization %", "GPU memory %", "network Gb/s"];
+  // SM activity (NVML's GPM, Hopper and later) beside utilization: how hard the GPUs work,
+  // not only how often a kernel runs. Null minutes (no GPU reports it) leave a gap.
+  const names = ["GPU utilization %", "SM activity %", "GPU memory %", "network Gb/s"];
   const traces = [
     { name: names[0], x: s.minute, y: s.gpu_util_pct, line: { color: "#2f5bd1" } },
-    { name: names[1], x: s.minute, y: s.gpu_mem_used_pct, line: { color: "#2e9e5b" } },
-    { name: names[2], x: s.minute, y: s.net_gbps, yaxis: "y2", line: { color: "#d59a1c", dash: "dot" } },
+    { name: names[1], x: s.minute, y: s.gpu_sm_active_pct, line: { color: "#8a3fc7" } },
+    { name: names[2], x: s.minute, y: s.gpu_mem_used_pct, line: { color: "#2e9e5b" } },
+    { name: names[3], x: s.minute, y: s.net_gbps, yaxis: "y2", line: { color: "#d59a1c", dash: "dot" } },
   ].map(function (t) { return Object.assign({ type: "scatter", mode: "lines", hovertemplate: "%{y}<extra>" + t.name + "</extra>" }, t); });
   const layout = {
     margin: { l: 40, r: 50, t: 10, b: 30 },
@@ -55,14 +58,17 @@
   Plotly.newPlot(el, traces, layout, { displaylogo: false, responsive: true });
 
   const HOUR_OF_SECONDS = 3600;
+  const smNone = document.getElementById("sm-activity-none");
   document.body.addEventListener("cluster-summary", function (e) {
     const usage = e.detail.usage;
     if (!usage) return;
+    const smActive = usage.gpu_sm_active_pct === undefined ? null : usage.gpu_sm_active_pct;
+    if (smNone) smNone.hidden = smActive !== null;
     const t = new Date(e.detail.at * 1000).toISOString();
     Plotly.extendTraces(el, {
-      x: [[t], [t], [t]],
-      y: [[usage.gpu_util_pct], [usage.gpu_mem_used_pct], [usage.net_gbps]],
-    }, [0, 1, 2], HOUR_OF_SECONDS);
+      x: [[t], [t], [t], [t]],
+      y: [[usage.gpu_util_pct], [smActive], [usage.gpu_mem_used_pct], [usage.net_gbps]],
+    }, [0, 1, 2, 3], HOUR_OF_SECONDS);
     const update = { "xaxis.range": lastHour(e.detail.at * 1000) };
     if (usage.net_gbps > networkTop) {
       networkTop = roundCeiling(usage.net_gbps);
