@@ -41,7 +41,7 @@ from nodes.models import AgentCommand, DiagnosticBundle, Node
 from nodes.queries import live_numbers
 from nodes.services import do_pause_node, do_resume_node, do_send_command
 from repairs.choices import Action, StepKind
-from repairs.filters import RepairHistoryFilter
+from repairs.filters import RepairFilter
 from repairs.forms import CommentForm
 from repairs.models import Repair
 from repairs.queries import proposed_card
@@ -175,7 +175,7 @@ def bad_request(form):
 NodeQuery = query_of(NodeFilter)
 EventQuery = query_of(HealthEventFilter)
 CheckRunQuery = query_of(CheckRunFilter)
-RepairQuery = query_of(RepairHistoryFilter)
+RepairQuery = query_of(RepairFilter)
 
 
 def cluster_of(slug):
@@ -310,7 +310,7 @@ def repairs_of(cluster):
               summary="Repairs, newest first")
 def list_repairs(request, slug: str, query: Query[RepairQuery]):
     repairs = repairs_of(cluster_of(slug))
-    return page_of(filtered(RepairHistoryFilter, query, repairs), request, query, repair_json)
+    return page_of(filtered(RepairFilter, query, repairs), request, query, repair_json)
 
 
 def repair_of(slug, ref):

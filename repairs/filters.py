@@ -28,3 +28,14 @@ class RepairHistoryFilter(TimeRangeFilterMixin, django_filters.FilterSet):
         model = Repair
         fields = ["node", "action", "status", "period", "since", "until"]
         form = TimeRangeFilterForm
+
+
+class RepairFilter(RepairHistoryFilter):
+    """The API's repairs list: every repair, open ones too (`status=proposed`: those waiting
+    for approval), by the history's fields."""
+
+    status = django_filters.ChoiceFilter(choices=Status.choices, empty_label="any status",
+                                         help_text="its status now")
+
+    class Meta(RepairHistoryFilter.Meta):
+        pass

@@ -18,7 +18,7 @@ from nodes.choices import NodeState
 from nodes.filters import NodeFilter
 from nodes.tests.factories import NodeFactory
 from repairs.choices import Status
-from repairs.filters import RepairHistoryFilter
+from repairs.filters import RepairFilter
 from repairs.models import Repair
 from repairs.tests.factories import RepairFactory
 
@@ -134,7 +134,7 @@ LIST_FILTERS = {
     "/api/v1/clusters/{slug}/nodes/": list(NodeFilter.base_filters),
     "/api/v1/clusters/{slug}/events/": list(HealthEventFilter.base_filters),
     "/api/v1/clusters/{slug}/checks/": list(CheckRunFilter.base_filters),
-    "/api/v1/clusters/{slug}/repairs/": list(RepairHistoryFilter.base_filters),
+    "/api/v1/clusters/{slug}/repairs/": list(RepairFilter.base_filters),
     "/api/v1/clusters/{slug}/jobs/": ["user", "state", "node"],
     "/api/v1/clusters/{slug}/nodes/{name}/bundles/": [],
     "/api/v1/audit/": ["action", "actor", "cluster"],
@@ -170,6 +170,18 @@ def test_no_get_answers_a_bare_list(cluster):
     for path, operations in schema["paths"].items():
         if "get" in operations:
             assert answer_schema(operations["get"]).get("type") != "array", path
+
+
+def test_the_repairs_waiting_for_approval_are_listed_by_status(cluster, api_as):
+    """`clusterctl repairs list --status proposed` answered 400: the API's repairs list took
+    the history's filter, whose statuses are finished ones only."""
+    waiting = RepairFactory(node=NodeFactory(cluster=cluster))
+    RepairFactory(node=NodeFactory(cluster=cluster), status=Status.SUCCEEDED,
+                  finished_at=timezone.now())
+    client, _ = api_as(Role.VIEWER)
+    response = client.get(f"/api/v1/clusters/{cluster.slug}/repairs/?status=proposed")
+    assert response.status_code == 200
+    assert [item["number"] for item in response.json()["items"]] == [waiting.pk]
 
 
 def test_an_operator_approves_through_the_same_service_and_audit(cluster, api_as):
