@@ -3,7 +3,7 @@
 (function () {
   function draw() {
     const el = document.getElementById("jobs-chart");
-    if (!el || !el.dataset.chart || !window.Plotly) return;
+    if (!el || !el.dataset.chart || !window.Plotly) return; // drawn again when plotly is there
     const s = JSON.parse(el.dataset.chart);
     const traces = [
       { type: "bar", name: "by user", x: s.users, y: s.user_gpu_hours, marker: { color: "#2f5bd1" } },
@@ -22,7 +22,7 @@
     };
     Plotly.react(el, traces, layout, { displaylogo: false, responsive: true });
   }
-  draw();
+  whenPlotly(draw);
   // htmx:load fires on the swapped-in results (attached to the page; afterSettle of an
   // outerHTML swap may reach only the replaced element).
   document.body.addEventListener("htmx:load", draw);

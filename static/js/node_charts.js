@@ -3,7 +3,7 @@
 // node's latest sample is fetched from the live URL every 5 s and extends the lines.
 (function () {
   const panel = document.getElementById("node-charts-panel");
-  if (!panel || !window.Plotly) return;
+  if (!panel) return;
   const current = panel.querySelector("[data-range][aria-current]");
   const range = current ? current.dataset.range : "hour";
   const spanMs = range === "day" ? 86400e3 : 3600e3;
@@ -106,5 +106,7 @@
 
   fetch(panel.dataset.chartsUrl + "?range=" + range, { headers: { Accept: "application/json" } })
     .then(function (r) { return r.json(); })
-    .then(function (data) { draw(data); setTimeout(poll, 5000); });
+    .then(function (data) {
+      whenPlotly(function () { draw(data); setTimeout(poll, 5000); });
+    });
 })();
