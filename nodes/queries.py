@@ -25,6 +25,9 @@ from .models import AgentCommand, MaintenanceWindow, Node, NodeRollup
 from .rollups import reading
 
 NODES_PAGE_SIZE = 50
+# The grid labels its tiles with the nodes' names up to this many nodes (a 1440x900 screen
+# still shows them all); beyond, the tiles are small squares, a name on pointing.
+GRID_LABELS_UP_TO = 200
 CHART_METRICS = ("util_pct", "sm_active_pct", "mem_used_bytes", "temp_c", "power_w")
 
 
@@ -44,11 +47,13 @@ def node_list_context(cluster, params):
     sort = params.get("sort") if params.get("sort") in dict(SORT_CHOICES) else DEFAULT_SORT
     live = live_numbers(cluster)
     legend = None
+    labelled = False
     if view == "grid":
         page = None
         shown = list(matching.order_by("name").only("name", "state"))
         counts = Counter(node.state for node in shown)
         legend = [(state.value, state.label, counts[state.value]) for state in DISPLAY_ORDER]
+        labelled = len(shown) <= GRID_LABELS_UP_TO
     elif sort in LIVE_SORTS:
         page = _page_by_live_number(matching, live, sort, params.get("page"))
         shown = page.object_list
@@ -64,7 +69,7 @@ def node_list_context(cluster, params):
     query = params.copy()
     query.pop("page", None)
     return {"filter": node_filter, "page": page, "nodes": shown, "view": view, "sort": sort,
-            "legend": legend,
+            "legend": legend, "labelled": labelled,
             "sort_choices": SORT_CHOICES, "list_query": query.urlencode(),
             "node_roles": NodeRole.choices,
             "filtered": any(params.get(key) for key in NodeFilter.base_filters)}

@@ -58,13 +58,14 @@ def test_the_grid_shows_a_tile_per_node_and_a_tile_opens_its_node(page, console,
     # The charts were drawn by plotly (node_charts.js), one per metric, on fixed axes in
     # units a person reads: memory up to the H200's own 141 GiB, times without the date.
     expect(page.locator("#node-charts-panel .chart .main-svg").first).to_be_visible()
-    page.wait_for_function("document.querySelectorAll('#node-charts-panel .chart').length == 4 "
+    page.wait_for_function("document.querySelectorAll('#node-charts-panel .chart').length == 5 "
                            "&& [...document.querySelectorAll('#node-charts-panel .chart')]"
                            ".every(el => el.layout)")
     axes = page.evaluate("""Object.fromEntries([...document.querySelectorAll(
         '#node-charts-panel .chart')].map(el => [el.dataset.metric,
         [el.layout.yaxis.range, el.layout.xaxis.tickformat]]))""")
-    assert axes == {"util_pct": [[0, 100], "%H:%M"], "mem_used_bytes": [[0, 141], "%H:%M"],
+    assert axes == {"util_pct": [[0, 100], "%H:%M"], "sm_active_pct": [[0, 100], "%H:%M"],
+                    "mem_used_bytes": [[0, 141], "%H:%M"],
                     "temp_c": [[0, 100], "%H:%M"], "power_w": [[0, 100], "%H:%M"]}
     expect(page.locator("#ssh-command")).to_have_text("ssh alice@gpu-007")
     assert_no_csp_violations(console)
@@ -92,4 +93,35 @@ def test_select_all_and_one_click_pause_every_node_of_the_page(page, console, fl
     assert paused.count() == 6
     assert not Node.objects.filter(cluster=fleet, state=NodeState.HEALTHY).exists()
     screenshot(page, "nodes-bulk-pause")
+    assert_no_csp_violations(console)
+
+
+def test_the_grid_names_a_small_fleets_tiles_and_shows_2000_nodes_on_one_screen(page, console):
+    """Issue 27: the grid's tiles had no labels. Up to 200 nodes each tile names its node; at
+    2,000 nodes the tiles are small again, and one 1440x900 screen shows every one."""
+    small = ClusterFactory(name="small-h200", slug="small-h200")
+    large = ClusterFactory(name="large-h200", slug="large-h200")
+    UserFactory(username="alice", role=Role.OPERATOR)
+    for i in range(1, 65):
+        NodeFactory(cluster=small, name=f"gpu-{i:03d}")
+    Node.objects.bulk_create(NodeFactory.build(cluster=large, name=f"gpu-{i:04d}")
+                             for i in range(1, 2001))
+    page.set_viewport_size({"width": 1440, "height": 900})
+    page.goto(f"/c/{small.slug}/nodes/?view=grid")
+    sign_in(page, "alice", "password")
+
+    label = page.locator('.node-grid.labelled a.tile[title^="gpu-064 "]')
+    expect(label).to_have_text("gpu-064")
+    box = label.bounding_box()
+    text_box = label.locator("span").bounding_box()
+    assert text_box["width"] <= box["width"]  # the name fits its tile
+    screenshot(page, "nodes-grid-labelled")
+
+    page.goto(f"/c/{large.slug}/nodes/?view=grid")
+    tiles = page.locator(".node-grid a.tile")
+    expect(tiles).to_have_count(2000)
+    assert page.locator(".node-grid.labelled").count() == 0
+    last = tiles.last.bounding_box()
+    assert last["y"] + last["height"] <= 900, last  # no scrolling to see the last node
+    screenshot(page, "nodes-grid-2000")
     assert_no_csp_violations(console)

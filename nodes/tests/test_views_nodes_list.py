@@ -175,10 +175,24 @@ def test_the_grid_shows_one_tile_per_node_linking_to_it(client_for, viewer, clus
     text = response.text
     assert text.count('class="tile ') == 2
     assert ('<a class="tile unhealthy u8" href="/c/prod-h200/nodes/gpu-001/" '
-            'title="gpu-001 · unhealthy · 75 % · xid:79"></a>') in text
+            'title="gpu-001 · unhealthy · 75 % · xid:79"><span>gpu-001</span></a>') in text
     assert ('<a class="tile paused" href="/c/prod-h200/nodes/gpu-002/" '
-            'title="gpu-002 · paused"></a>') in text
+            'title="gpu-002 · paused"><span>gpu-002</span></a>') in text
+    assert '<div class="node-grid labelled">' in text  # room for the names
     assert response.context["page"] is None  # every node on one screen, no pages
+
+
+def test_a_grid_of_more_nodes_than_there_is_room_to_name_has_small_tiles(
+        client_for, viewer, cluster, monkeypatch):
+    from nodes import queries
+
+    monkeypatch.setattr(queries, "GRID_LABELS_UP_TO", 2)
+    for name in ("gpu-001", "gpu-002", "gpu-003"):
+        NodeFactory(cluster=cluster, name=name)
+    text = client_for(viewer).get(list_url(cluster, "?view=grid")).text
+    assert '<div class="node-grid">' in text and "<span>gpu-001</span>" not in text
+    assert ('<a class="tile healthy" href="/c/prod-h200/nodes/gpu-001/" '
+            'title="gpu-001 · healthy"></a>') in text
 
 
 def test_the_grid_has_a_legend_with_each_states_count(client_for, viewer, cluster):
