@@ -67,6 +67,11 @@ log "seeding the demo cluster"
 "$PY" manage.py seed_demo ${DEMO_RESET:+--reset} --fleet-dir "$FLEET_DIR" --import-jobs \
     --receiver-url "http://$HOST:$RECEIVER_PORT/clusterui" --receiver-key-file "$RECEIVER_KEY"
 
+# Beat and the workers would each create the broker's queues as they start; on the SQLite
+# broker one of them can lose that race and send nothing more (see the command's help).
+log "declaring the task queues"
+"$PY" manage.py declare_task_queues >/dev/null
+
 # --- children --------------------------------------------------------------------------------
 # Each child runs in its own process group, so the terminal's Ctrl-C reaches only this script,
 # which then stops each group as a whole (the Celery worker's pool process goes with it).

@@ -84,6 +84,7 @@ def embedded(request):
                             "ALLOWED_HOSTS", "SECURE_COOKIES", "CLUSTERUI_METRICS_TOKEN"):
         env.pop(production_only, None)
     manage(env, "migrate", "--noinput", "-v0")
+    manage(env, "declare_task_queues")  # as scripts/demo.sh does before Celery starts
     join_token = manage(env, "shell", "-c", SETUP).strip().splitlines()[-1]
     group = ProcessGroup(directory, env)
     try:
