@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from clusterui.celery import app
+from celery import current_app
 
 
 class Command(BaseCommand):
@@ -10,6 +10,7 @@ class Command(BaseCommand):
             "kombu's SQLAlchemy transport does not roll back the failed insert.")
 
     def handle(self, **options):
+        app = current_app  # the project's (clusterui/celery.py), loaded with the settings
         with app.connection_for_write() as connection:
             channel = connection.default_channel
             for queue in app.amqp.queues.values():
