@@ -105,8 +105,15 @@ def read_changes(reader, *, limit=READ_LIMIT, clock=time.time):
 
 
 def prune_changes(now=None):
-    """Rows older than CLUSTERUI_CHANGE_RETENTION_DAYS go. Returns how many."""
+    """Rows older than CLUSTERUI_CHANGE_RETENTION_DAYS go, but never one a reader has not
+    read yet (past its cursor, or in its gaps): a reader stopped for longer than the
+    retention finds its changes when it comes back. Returns how many."""
     now = now or timezone.now()
     cutoff = now - timedelta(days=settings.CLUSTERUI_CHANGE_RETENTION_DAYS)
-    deleted, _ = Change.objects.filter(at__lt=cutoff).delete()
+    old = Change.objects.filter(at__lt=cutoff)
+    unread_from = [min([cursor.last_id + 1, *map(int, cursor.gaps)])
+                   for cursor in FeedCursor.objects.all()]
+    if unread_from:
+        old = old.filter(id__lt=min(unread_from))
+    deleted, _ = old.delete()
     return deleted

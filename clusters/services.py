@@ -1,6 +1,7 @@
 """Writes that matter for clusters, and the audit trail every change goes through."""
 
 import ipaddress
+from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
@@ -46,6 +47,18 @@ def _address(text):
 
 def _trusted_proxy(address):
     return any(address in network for network in settings.CLUSTERUI_TRUSTED_PROXIES)
+
+
+def prune_audit(now=None):
+    """Audit entries older than CLUSTERUI_AUDIT_RETENTION_DAYS go; none while it is unset.
+    Returns how many."""
+    if settings.CLUSTERUI_AUDIT_RETENTION_DAYS is None:
+        return 0
+    now = now or timezone.now()
+    cutoff = now - timedelta(days=settings.CLUSTERUI_AUDIT_RETENTION_DAYS)
+    # The one delete the append-only trail allows (AuditEntryQuerySet refuses the rest).
+    deleted, _ = AuditEntry._base_manager.filter(at__lt=cutoff).delete()
+    return deleted
 
 
 def record_audit(actor, action, obj, *, changes=None, cluster=None, request=None, now=None):

@@ -460,6 +460,9 @@ CELERY_BEAT_SCHEDULE = {
     "prune-changes": every(3600.0, "clusterui.tasks.prune_changes"),
     "prune-event-receipts": every(3600.0, "nodes.tasks.prune_event_receipts"),
     "prune-bundles": every(3600.0, "nodes.tasks.prune_bundles"),
+    "prune-script-runs": every(3600.0, "startup.tasks.prune_script_runs"),
+    "prune-closed-events": every(3600.0, "healthchecks.tasks.prune_closed_events"),
+    "prune-audit": every(3600.0, "clusterui.tasks.prune_audit"),
     "sweep-health-events": every(60.0, "healthchecks.tasks.sweep_health_events"),
     "expire-check-runs": every(30.0, "healthchecks.tasks.expire_check_runs"),
     "expire-agent-commands": every(30.0, "nodes.tasks.expire_commands"),
@@ -513,6 +516,17 @@ CLUSTERUI_ROLLUP_RETENTION_DAYS = envint("CLUSTERUI_ROLLUP_RETENTION_DAYS", 30)
 CLUSTERUI_CHANGE_RETENTION_DAYS = envint("CLUSTERUI_CHANGE_RETENTION_DAYS", 7)
 # How long an agent event's id is remembered (a resend within it is acked, not stored twice).
 CLUSTERUI_EVENT_RECEIPT_RETENTION_DAYS = envint("CLUSTERUI_EVENT_RECEIPT_RETENTION_DAYS", 30)
+# Startup script runs (their exit codes and output tails) are kept this long.
+CLUSTERUI_SCRIPT_RUN_RETENTION_DAYS = envint("CLUSTERUI_SCRIPT_RUN_RETENTION_DAYS", 90)
+# Closed health events are kept this long, and for good where a repair names them as its
+# evidence. At least 90 days: a repair card shows 90 days of each GPU's and node's history.
+CLUSTERUI_CLOSED_EVENT_RETENTION_DAYS = envint("CLUSTERUI_CLOSED_EVENT_RETENTION_DAYS", 365)
+if CLUSTERUI_CLOSED_EVENT_RETENTION_DAYS < 90:
+    raise ImproperlyConfigured(
+        "CLUSTERUI_CLOSED_EVENT_RETENTION_DAYS must be at least 90: a repair card shows 90 "
+        f"days of each GPU's history (got {CLUSTERUI_CLOSED_EVENT_RETENTION_DAYS})")
+# The audit trail is kept for good unless an admin sets a retention here (days).
+CLUSTERUI_AUDIT_RETENTION_DAYS = envint("CLUSTERUI_AUDIT_RETENTION_DAYS", None)
 # Bearer token Prometheus presents at /metrics; /metrics is off while it is unset.
 CLUSTERUI_METRICS_TOKEN = envsecret("CLUSTERUI_METRICS_TOKEN")
 # The secrets store's keys (clusters/secret_store.py): Fernet keys, comma-separated, the first

@@ -30,3 +30,10 @@ def sweep_health_events():
 def expire_check_runs():
     """Beat, every 30 s: runs past their deadline without a result time out."""
     return agent_work.expire_work(services.CHECK_RUNS)
+
+
+@shared_task
+def prune_closed_events():
+    """Beat, hourly: closed events past CLUSTERUI_CLOSED_EVENT_RETENTION_DAYS go, except a
+    repair's evidence."""
+    return services.prune_closed_events()

@@ -20,6 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
 from django.db.models import Max
@@ -346,3 +347,12 @@ def do_end_overdue_boot_holds(now: datetime | None = None) -> int:
     for node in Node.objects.filter(boot_tasks_running=True, boot_scripts_due_by__lte=now):
         released += _release_boot_hold(node, "boot scripts' results overdue", now)
     return released
+
+
+def prune_script_runs(now=None):
+    """Script runs received more than CLUSTERUI_SCRIPT_RUN_RETENTION_DAYS ago go. Returns
+    how many."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(days=settings.CLUSTERUI_SCRIPT_RUN_RETENTION_DAYS)
+    deleted, _ = ScriptRun.objects.filter(received_at__lt=cutoff).delete()
+    return deleted

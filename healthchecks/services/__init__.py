@@ -32,6 +32,7 @@ from .events import (  # noqa: F401
     do_silence_signature,
     QUIET_XID_CLOSES_AFTER,
     close_quiet_events,
+    prune_closed_events,
     refresh_ended_silences,
 )
 from .check_runs import (  # noqa: F401

@@ -5,6 +5,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
 from django.http import HttpRequest
@@ -353,6 +354,15 @@ def close_quiet_events(now=None):
     for event in quiet.select_related("node"):
         closed += do_close_health_event(event, reason="no repeat for an hour", now=now)
     return closed
+
+
+def prune_closed_events(now=None):
+    """Events closed more than CLUSTERUI_CLOSED_EVENT_RETENTION_DAYS ago go, except those a
+    repair names as its evidence: a repair's record keeps what it was for. Returns how many."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(days=settings.CLUSTERUI_CLOSED_EVENT_RETENTION_DAYS)
+    _, deleted = HealthEvent.objects.filter(closed_at__lt=cutoff, repairs__isnull=True).delete()
+    return deleted.get(HealthEvent._meta.label, 0)
 
 
 def refresh_ended_silences(since, now=None):
