@@ -25,11 +25,11 @@ import os
 import re
 import shlex
 import ssl
-import tomllib
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from agent import host
+from agent.compat import tomllib
 from agent.detectors.kernel_log import KMSG_PATH
 from agent.detectors.throttle import THROTTLE_HOLD_S
 from agent.work.commands import DEFAULT_REBOOT_COMMAND

@@ -20,6 +20,7 @@ from pathlib import Path
 import agent
 from agent.checks import CHECKS, CheckError, error
 from agent.checks.params import ParamError
+from agent.compat import timeout
 
 log = logging.getLogger(__name__)
 
@@ -123,9 +124,9 @@ async def run_child(argv, request, limit_s):
     timed_out = False
     try:
         try:
-            async with asyncio.timeout(limit_s):
+            async with timeout(limit_s):
                 await process.wait()
-        except TimeoutError:
+        except asyncio.TimeoutError:
             timed_out = True
             await _stop_group(process)
     except asyncio.CancelledError:  # the agent is stopping
@@ -135,9 +136,9 @@ async def run_child(argv, request, limit_s):
     # whatever the child left running in its group goes with it
     _signal_group(process.pid, signal.SIGKILL)
     try:
-        async with asyncio.timeout(PIPE_CLOSE_WAIT_S):
+        async with timeout(PIPE_CLOSE_WAIT_S):
             await readers
-    except TimeoutError:
+    except asyncio.TimeoutError:
         readers.cancel()
         log.warning("a process started by the check still holds its output open")
 
@@ -204,9 +205,9 @@ async def _stop_group(process):
     the grace time."""
     _signal_group(process.pid, signal.SIGTERM)
     try:
-        async with asyncio.timeout(TERM_GRACE_S):
+        async with timeout(TERM_GRACE_S):
             await process.wait()
-    except TimeoutError:
+    except asyncio.TimeoutError:
         _signal_group(process.pid, signal.SIGKILL)
         await process.wait()
 

@@ -29,6 +29,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
 from agent import __version__
+from agent.compat import timeout
 from agent.config import MAX_SAMPLE_INTERVAL_S, MIN_SAMPLE_INTERVAL_S
 from agent.connection import protocol
 from agent.connection.node_token import save_node_token
@@ -169,9 +170,9 @@ class AgentClient:
             if next_tick < now:  # fell behind (a slow send): carry on from now
                 next_tick = now
             try:
-                async with asyncio.timeout(next_tick - now):
+                async with timeout(next_tick - now):
                     await self._interval_changed.wait()
-            except TimeoutError:
+            except asyncio.TimeoutError:
                 continue
             # The server set a new interval: start it now, not at the end of the old one.
             self._interval_changed.clear()
@@ -362,7 +363,7 @@ class AgentClient:
         )
         await ws.send(protocol.encode(hello))
         try:
-            async with asyncio.timeout(WELCOME_TIMEOUT_S) as welcome_due:
+            async with timeout(WELCOME_TIMEOUT_S) as welcome_due:
                 while True:
                     frame = _parse(await ws.recv())
                     if frame is None:
@@ -382,7 +383,7 @@ class AgentClient:
                     await self._handle(ws, frame)
                     if frame["type"] == "welcome":
                         break
-        except TimeoutError:
+        except asyncio.TimeoutError:
             log.error("the server sent no welcome within %.0f s", WELCOME_TIMEOUT_S)
             return None
         if dropped:
