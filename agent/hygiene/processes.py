@@ -425,7 +425,7 @@ class ProcessWatcher(PollingWatcher):
             )]
         by_parent = Counter((z["parent_name"], z["ppid"]) for z in report.zombies)
         parents = ", ".join(
-            f"{name or '?'} (pid {ppid}) {n}" for (name, ppid), n in by_parent.most_common(10)
+            f"{name or '?'} (pid {ppid}) with {n}" for (name, ppid), n in by_parent.most_common(10)
         )
         listed = [
             {key: zombie[key] for key in

@@ -221,7 +221,7 @@ class SimulatedHygiene:
         return event_frame(
             signature="zombie_processes", severity="warning",
             message=f"{ZOMBIES} zombie processes (threshold 10); parents: python3 "
-                    f"(pid {parent['pid']}) {ZOMBIES}",
+                    f"(pid {parent['pid']}) with {ZOMBIES}",
             detail={"zombies": ZOMBIES, "threshold": 10, "processes": processes})
 
     def _report_ended_jobs(self):

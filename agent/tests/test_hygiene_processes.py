@@ -337,7 +337,7 @@ def test_the_watcher_opens_and_clears_zombie_processes(started, test_user, pytho
     assert (opened["signature"], opened["severity"], opened["state"], opened["gpu_uuid"]) == (
         "zombie_processes", "warning", "active", None)
     assert opened["message"] == (
-        f"3 zombie processes (threshold 3); parents: {parent_name} (pid {parent.pid}) 3")
+        f"3 zombie processes (threshold 3); parents: {parent_name} (pid {parent.pid}) with 3")
     assert opened["detail"]["zombies"] == 3
     assert opened["detail"]["threshold"] == 3
     listed = opened["detail"]["processes"]
