@@ -91,16 +91,18 @@ def exercise():
     from nodes.rollups import write_node_rollups
 
     minute = now.replace(second=0, microsecond=0)
-    gpu_stats = [180.0, 2, 100.0, 2e11, 2, 1.1e11, 90, 2, 50, 0.0, 0, None]
+    # util_pct, sm_active_pct (none: no GPM), mem_used_bytes, temp_c, power_w (none)
+    gpu_stats = [180.0, 2, 100.0, 0.0, 0, None, 2e11, 2, 1.1e11, 90, 2, 50, 0.0, 0, None]
     node_stats = [1e9, 1, 1e9, 2e9, 1, 2e9, 50.5, 1, 50.5]
     gone = node.pk + 1000
     write_node_rollups(minute, {node.pk: {"GPU-3": gpu_stats}, gone: {"GPU-x": gpu_stats}},
                        {node.pk: node_stats, gone: node_stats})
-    write_node_rollups(minute, {node.pk: {"GPU-3": [0.0, 0, None] * 4}},
+    write_node_rollups(minute, {node.pk: {"GPU-3": [0.0, 0, None] * 5}},
                        {node.pk: [0.0, 0, None] * 3})
     [rollup] = NodeRollup.objects.filter(node__cluster=cluster)
     assert rollup.minute == minute
-    assert rollup.gpus == {"GPU-3": {"util_pct": [90.0, 100.0], "mem_used_bytes": [1e11, 1.1e11],
+    assert rollup.gpus == {"GPU-3": {"util_pct": [90.0, 100.0], "sm_active_pct": [None, None],
+                                     "mem_used_bytes": [1e11, 1.1e11],
                                      "temp_c": [45.0, 50], "power_w": [None, None]}}
     assert rollup.node_metrics == {"net_rx_bps": [1e9, 1e9], "net_tx_bps": [2e9, 2e9],
                                    "cpu_pct": [50.5, 50.5]}
