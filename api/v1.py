@@ -19,7 +19,7 @@ from django.db.models import Count, Q
 from django.http import FileResponse, Http404, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.urls import Resolver404, resolve, reverse
-from ninja import NinjaAPI, Query, Router
+from ninja import NinjaAPI, Query, Router, Status
 from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationError
 from ninja.security import HttpBearer
 from ninja.throttling import AuthRateThrottle
@@ -442,7 +442,7 @@ def propose_repair(request, slug: str, name: str, body: schemas.Propose):
     node = node_of(cluster_of(slug), name)
     repair = do_propose_repair(node, action=body.action, actor=request.user,
                                reason=body.reason, request=request)
-    return 201, acted(repair)
+    return Status(201, acted(repair))
 
 
 @clusters.post("/{slug}/nodes/{name}/cleanup/", response={202: schemas.CommandOut},
@@ -453,9 +453,10 @@ def clean_up_node(request, slug: str, name: str):
     node = node_of(cluster_of(slug), name)
     command = do_send_command(node, AgentCommand.Action.CLEANUP, actor=request.user,
                               request=request)
-    return 202, {"id": command.pk, "node": node.name, "action": command.action,
-                 "status": command.status, "message": command.message,
-                 "requested_at": command.requested_at, "finished_at": command.finished_at}
+    return Status(202, {"id": command.pk, "node": node.name, "action": command.action,
+                        "status": command.status, "message": command.message,
+                        "requested_at": command.requested_at,
+                        "finished_at": command.finished_at})
 
 
 def bundle_json(bundle):
@@ -484,7 +485,7 @@ def request_bundle(request, slug: str, name: str):
     node = node_of(cluster_of(slug), name)
     bundle = do_request_bundle(node, reason=f"asked by {request.user.get_username()}",
                                actor=request.user, request=request)
-    return 202, bundle_json(bundle)
+    return Status(202, bundle_json(bundle))
 
 
 @clusters.get("/{slug}/nodes/{name}/bundles/{bundle_id}/", response={200: None},
@@ -510,9 +511,9 @@ def recommend_again(request, slug: str, name: str):
     node = node_of(cluster_of(slug), name)
     repair = do_recommend_again(node, actor=request.user, request=request)
     if repair is None:
-        return 204, None
-    return 200, repair_json(Repair.objects.select_related("node", "cluster", "reviewed_by")
-                            .get(pk=repair.pk))
+        return Status(204, None)
+    return Status(200, repair_json(Repair.objects.select_related("node", "cluster", "reviewed_by")
+                                   .get(pk=repair.pk)))
 
 
 @clusters.post("/{slug}/nodes/{name}/pause/", response=schemas.NodeOut,
@@ -546,7 +547,7 @@ def run_check(request, slug: str, name: str, body: schemas.RunCheck):
     names, purpose = form.checks_and_purpose()
     requested = do_request_checks(form.cleaned_data["node"], names, purpose=purpose,
                                   actor=request.user, request=request)
-    return 201, [run_json(run) for run, _ in requested]
+    return Status(201, [run_json(run) for run, _ in requested])
 
 
 def event_of(slug, public_id):
