@@ -157,6 +157,10 @@ def main(argv=None):
         from agent.hook import main as hook_main
 
         return hook_main(argv[1:])
+    if argv[:1] == ["install"]:  # the console's install command (agent/install.py)
+        from agent.install import main as install_main
+
+        return install_main(argv[1:])
     parser = make_parser()
     args = parser.parse_args(argv)
     options = vars(args)

@@ -43,6 +43,9 @@ class ClusterOut(Schema):
     gpu_type: str
     gpus_per_node: int
     scheduler: str
+    status: str = Field(description="paused, provisioning, accepting, degraded or ready "
+                                    "(DESIGN.md \"Cluster status\")")
+    status_reason: str
     degraded_threshold_pct: int
     nodes: int
     nodes_by_state: dict[str, int]

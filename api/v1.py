@@ -191,8 +191,8 @@ def cluster_json(cluster):
     by_state = dict(Node.objects.filter(cluster=cluster).values_list("state")
                     .annotate(n=Count("pk")))
     return {**{field: getattr(cluster, field) for field in (
-        "slug", "name", "region", "gpu_type", "gpus_per_node", "scheduler",
-        "degraded_threshold_pct")}, "nodes": sum(by_state.values()), "nodes_by_state": by_state}
+        "slug", "name", "region", "gpu_type", "gpus_per_node", "scheduler", "status",
+        "status_reason", "degraded_threshold_pct")}, "nodes": sum(by_state.values()), "nodes_by_state": by_state}
 
 
 @clusters.get("/", response=schemas.ClusterPage, summary="The clusters")

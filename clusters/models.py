@@ -70,6 +70,18 @@ class Cluster(models.Model):
         validators=[validate_ssh_command_template],
         help_text="The node page's SSH command: {user} (the signed-in user), {node}, "
                   "{hostname} and {login}, e.g. ssh -J {login} {user}@{node}. Empty: none shown.")
+    class Status(models.TextChoices):
+        # DESIGN.md "Cluster status", in precedence order: clusters.status decides it.
+        PAUSED = "paused", "paused"
+        PROVISIONING = "provisioning", "provisioning"
+        ACCEPTING = "accepting", "accepting"
+        DEGRADED = "degraded", "degraded"
+        READY = "ready", "ready"
+
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PROVISIONING,
+                              editable=False)
+    status_reason = models.CharField(max_length=255, blank=True, editable=False)
+    status_changed_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -109,6 +121,25 @@ class Cluster(models.Model):
     def is_degraded(self, out_of_service, total):
         """Whether `out_of_service` of `total` nodes is over the degraded threshold."""
         return total > 0 and out_of_service * 100 > total * self.degraded_threshold_pct
+
+
+class ClusterTransition(models.Model):
+    """One change of a cluster's status: a row on the cluster's timeline (clusters.status)."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE,
+                                related_name="status_transitions")
+    from_status = models.CharField(max_length=16, choices=Cluster.Status.choices, blank=True)
+    to_status = models.CharField(max_length=16, choices=Cluster.Status.choices)
+    reason = models.CharField(max_length=255, blank=True)
+    actor_name = models.CharField(max_length=150, help_text="the user, or 'system'")
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["cluster", "-at"])]
+
+    def __str__(self):
+        return f"{self.cluster}: {self.from_status or '-'} -> {self.to_status}"
 
 
 class AuditEntryQuerySet(models.QuerySet):

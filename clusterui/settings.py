@@ -527,6 +527,13 @@ if CLUSTERUI_CLOSED_EVENT_RETENTION_DAYS < 90:
         f"days of each GPU's history (got {CLUSTERUI_CLOSED_EVENT_RETENTION_DAYS})")
 # The audit trail is kept for good unless an admin sets a retention here (days).
 CLUSTERUI_AUDIT_RETENTION_DAYS = envint("CLUSTERUI_AUDIT_RETENTION_DAYS", None)
+# The agent's wheelhouse (nodes/wheelhouse.py): the agent's wheel and its dependencies, built
+# by `manage.py build_agent_wheelhouse` at install time and served at /agent/wheels/.
+CLUSTERUI_AGENT_WHEELHOUSE = Path(envstr("CLUSTERUI_AGENT_WHEELHOUSE",
+                                         str(DATA_DIR / "agent-wheels")))
+# The CA certificates (PEM) nodes check the console's certificate against, for a console on a
+# private PKI: the install command carries them. Unset: the nodes' system CAs.
+CLUSTERUI_AGENT_CA_FILE = envstr("CLUSTERUI_AGENT_CA_FILE")
 # Bearer token Prometheus presents at /metrics; /metrics is off while it is unset.
 CLUSTERUI_METRICS_TOKEN = envsecret("CLUSTERUI_METRICS_TOKEN")
 # The secrets store's keys (clusters/secret_store.py): Fernet keys, comma-separated, the first

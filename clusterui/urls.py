@@ -6,7 +6,7 @@ from api.urls import urlpatterns as api_patterns
 from clusters import accounts, oidc
 from clusters import views as cluster_views
 from gateway.bundle_upload import bundle_upload
-from gateway.views import metrics, metrics_targets
+from gateway.views import agent_wheel, agent_wheels, metrics, metrics_targets
 from overview import views as overview_views
 
 from . import views
@@ -47,6 +47,8 @@ urlpatterns = [
     path("oidc/callback/", login_not_required(oidc.CallbackView.as_view()),
          name="oidc_authentication_callback"),
     path("agent/bundles/<str:bundle_id>/", bundle_upload, name="agent_bundle_upload"),
+    path("agent/wheels/", agent_wheels, name="agent_wheels"),
+    path("agent/wheels/<str:name>", agent_wheel, name="agent_wheel"),
     path("metrics", metrics, name="metrics"),
     path("metrics/targets", metrics_targets, name="metrics_targets"),
     path("api/v1/", include((api_patterns, "api"))),

@@ -22,10 +22,9 @@ from notifications.models import Alert, Delivery
 from repairs.choices import Status
 from repairs.models import Repair
 
-from nodes.choices import NodeState
+from nodes.choices import OUT_OF_SERVICE, NodeState
 from nodes.live_store import get_live_store, stale_after_s
 from nodes.models import Gpu, Node, PublisherStatus
-from nodes.states import OUT_OF_SERVICE
 
 from .series import render_gateway_series
 

@@ -81,10 +81,11 @@ def on_publisher_threads(func):
 
 
 def read_cluster_facts():
-    """Per cluster: slug, state counts and the newest timeline row (one query each, per tick)."""
-    clusters = {c.pk: {"slug": c.slug, "counts": {s: 0 for s in NodeState.values},
-                       "timeline_head": 0}
-                for c in Cluster.objects.only("slug")}
+    """Per cluster: slug, status, state counts and the newest timeline row (one query each,
+    per tick)."""
+    clusters = {c.pk: {"slug": c.slug, "status": c.status, "status_reason": c.status_reason,
+                       "counts": {s: 0 for s in NodeState.values}, "timeline_head": 0}
+                for c in Cluster.objects.only("slug", "status", "status_reason")}
     for row in Node.objects.values("cluster_id", "state").annotate(n=Count("id")):
         if row["cluster_id"] in clusters and row["state"]:
             clusters[row["cluster_id"]]["counts"][row["state"]] = row["n"]
@@ -158,6 +159,8 @@ def build_summary(slug, facts, usage, now_ts):
     return {
         "cluster": slug,
         "at": now_ts,
+        "status": facts["status"],
+        "status_reason": facts["status_reason"],
         "counts": facts["counts"],
         "timeline_head": facts["timeline_head"],
         "usage": None if usage is None else {

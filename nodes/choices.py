@@ -29,6 +29,9 @@ DISPLAY_ORDER = [
     NodeState.PAUSED,
 ]
 
+# The states a node serves no jobs in: what makes a cluster degraded (clusters.status).
+OUT_OF_SERVICE = (NodeState.PAUSED, NodeState.UNHEALTHY)
+
 
 class NodeRole(models.TextChoices):
     """What a node is for; it picks its startup scripts (startup/)."""

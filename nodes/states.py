@@ -28,7 +28,8 @@ from clusters.change_feed import Kind, record_changes
 from clusters.services import actor_name
 from common.bulk_sql import update_rows
 
-from .choices import NodeState
+from .choices import OUT_OF_SERVICE, NodeState
+from .cluster_status import refresh_cluster_statuses
 from .models import Node, NodeTransition
 
 @dataclass(frozen=True)
@@ -149,16 +150,21 @@ def refresh_node_states(facts_of_node, *, actor=None, reasons=None, now=None):
         NodeTransition.objects.bulk_create(transitions, batch_size=500)
         record_changes(Kind.NODE_STATE, [(node.cluster_id, node.pk, "") for node in changed],
                        now=now)
+        if changed:
+            refresh_cluster_statuses({node.cluster_id for node in changed}, actor=actor, now=now)
     return {node.pk for node in changed}
 
 
 def refresh_due_node_states(now=None):
-    """Time-driven changes: nodes whose boot window has ended. Returns how many changed."""
+    """Time-driven changes: nodes whose boot window has ended, and clusters whose
+    maintenance window started or ended. Returns how many nodes changed."""
     now = now or timezone.now()
     due = Node.objects.filter(
         state=NodeState.BOOTING, boot_tasks_running=False, booted_at__lte=now - boot_window()
     )
-    return sum(refresh_node_state(node, reason="boot window ended", now=now) for node in due)
+    changed = sum(refresh_node_state(node, reason="boot window ended", now=now) for node in due)
+    refresh_cluster_statuses(now=now)
+    return changed
 
 
 def note_on_timeline(node, reason, *, actor=None, now=None):
@@ -168,10 +174,6 @@ def note_on_timeline(node, reason, *, actor=None, now=None):
         cluster_id=node.cluster_id, node=node, from_state=node.state, to_state=node.state,
         reason=reason[:255], actor=actor, actor_name=actor_name(actor), at=now or timezone.now(),
     )
-
-
-# The states a node serves no jobs in: what makes a cluster degraded (Cluster.is_degraded).
-OUT_OF_SERVICE = (NodeState.PAUSED, NodeState.UNHEALTHY)
 
 
 def out_of_service(cluster):

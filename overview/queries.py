@@ -10,13 +10,12 @@ from django.utils import timezone
 from healthchecks.models import CheckRun
 from healthchecks.queries import SEVERITY_RANK, worst_open_events
 from nodes import maintenance
-from nodes.choices import DISPLAY_ORDER, STATE_COLOURS, NodeState
+from nodes.choices import DISPLAY_ORDER, OUT_OF_SERVICE, STATE_COLOURS, NodeState
 from nodes.models import ClusterRollup, Node, NodeTransition
-from nodes.states import OUT_OF_SERVICE
 from repairs.choices import Status
 from repairs.models import Repair
 
-from clusters.models import Cluster
+from clusters.models import Cluster, ClusterTransition
 
 TIMELINE_PAGE_SIZE = 25
 USAGE_WINDOW = timedelta(hours=1)
@@ -115,6 +114,8 @@ ROUTINE_TRANSITIONS = (
 
 
 def timeline_page(cluster, *, node_name="", state="", routine=False, page=1):
+    """The cluster's timeline, newest first: its nodes' state changes and, unless filtered
+    by node or state, its own status changes (ClusterTransition, whose `node` is None)."""
     transitions = NodeTransition.objects.filter(cluster=cluster).select_related("node")
     if node_name:
         transitions = transitions.filter(node__name__icontains=node_name)
@@ -122,7 +123,28 @@ def timeline_page(cluster, *, node_name="", state="", routine=False, page=1):
         transitions = transitions.filter(to_state=state)
     elif not routine:
         transitions = transitions.exclude(ROUTINE_TRANSITIONS)
-    return Paginator(transitions.order_by("-at", "-id"), TIMELINE_PAGE_SIZE).get_page(page)
+    rows = [transitions.order_by("-at", "-id")]
+    if not node_name and not state:
+        rows.append(ClusterTransition.objects.filter(cluster=cluster).order_by("-at", "-id"))
+    return Paginator(NewestFirst(rows), TIMELINE_PAGE_SIZE).get_page(page)
+
+
+class NewestFirst:
+    """Querysets ordered newest first, read as one sequence (what a Paginator needs): a page
+    reads as many rows of each as the page's end, and merges them by time."""
+
+    def __init__(self, querysets):
+        self.querysets = querysets
+
+    def count(self):
+        return sum(queryset.count() for queryset in self.querysets)
+
+    def __getitem__(self, index):
+        if not isinstance(index, slice):
+            return self[index:index + 1][0]
+        merged = sorted((row for queryset in self.querysets for row in queryset[:index.stop]),
+                        key=lambda row: row.at, reverse=True)
+        return merged[index]
 
 
 def clusters_with_state_counts():

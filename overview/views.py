@@ -15,6 +15,8 @@ from clusters.forms import ClusterCreateForm, ClusterSettingsForm
 from clusters.queries import get_cluster_for_user
 from clusters.roles import Role, has_role, require_role
 from clusters.services import do_create_cluster, do_update_cluster
+from nodes.cluster_status import refresh_cluster_statuses
+from nodes.install_command import install_panel
 from nodes.forms import JoinTokenForm, RejoinForm
 from nodes.models import AgentToken
 from nodes.services import (
@@ -41,6 +43,7 @@ def cluster_create(request):
     form = ClusterCreateForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         cluster = do_create_cluster(form, actor=request.user, request=request)
+        refresh_cluster_statuses([cluster.pk], actor=request.user)
         messages.success(request, f"Cluster {cluster.name} created.")
         return redirect(cluster)
     return render(request, "overview/cluster_create.html", {"form": form})
@@ -86,6 +89,8 @@ def cluster_settings(request, slug):
     form = ClusterSettingsForm(request.POST or None, instance=cluster)
     if request.method == "POST" and form.is_valid():
         _, changed = do_update_cluster(form, actor=request.user, request=request)
+        # Acceptance and the degraded threshold decide the status.
+        refresh_cluster_statuses([cluster.pk], actor=request.user)
         messages.success(
             request, f"Saved: {', '.join(changed)}." if changed else "Nothing changed."
         )
@@ -105,6 +110,7 @@ def _settings_context(request, cluster, **extra):
         "cluster_rejoin_open": (cluster.rejoin_open_until is not None
                                 and cluster.rejoin_open_until > timezone.now()),
         "join_tokens": cluster.agent_tokens.filter(kind=AgentToken.Kind.JOIN),
+        "agent_install": install_panel(request.build_absolute_uri("/")),
         "now": timezone.now(),
         **extra,
     }

@@ -83,6 +83,12 @@ log "environment: CLUSTERUI_MODE=$CLUSTERUI_MODE DATABASE_URL=$DATABASE_URL REDI
 log "collectstatic"
 "$PY" manage.py collectstatic --noinput -v0
 
+# The agent's wheelhouse, as an install builds it (every target Python and machine), while
+# the package index is reachable: the install tests serve it on loopback and nothing else.
+export CLUSTERUI_AGENT_WHEELHOUSE="$TMP/agent-wheels"
+log "build_agent_wheelhouse into $CLUSTERUI_AGENT_WHEELHOUSE"
+"$PY" manage.py build_agent_wheelhouse --targets all -v0 > /dev/null
+
 # A hung test must not eat CI's whole time limit: after TEST_HANG_DUMP_S in one test pytest
 # prints every thread's stack; after TEST_TIMEOUT_S in all pytest gets SIGINT (it prints
 # what ran and where it stood), and SIGKILL a minute later. Later -o options win.

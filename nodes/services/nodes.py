@@ -13,6 +13,7 @@ from clusters.models import Cluster
 from clusters.services import record_audit
 
 from ..choices import NodeRole
+from ..cluster_status import refresh_cluster_statuses
 from ..inventory import hello_digest, hello_gpu
 from ..models import AgentEventReceipt, AgentToken, Gpu, Node
 from ..states import refresh_node_state
@@ -62,7 +63,11 @@ def do_record_hello(node: Node, *, boot_id, agent_version="", gpus=(), slurm=Non
         reason = "agent reconnected"
     else:
         reason = "rebooted (new boot id)" if node.boot_id else "first hello from the agent"
-    refresh_node_state(node, reason=reason, now=now)
+    changed = refresh_node_state(node, reason=reason, now=now)
+    if node.last_hello_at is None and not changed:
+        # Its first hello joins it to the cluster, though a node awaiting acceptance stays
+        # pending: the cluster is then accepting, no longer provisioning.
+        refresh_cluster_statuses([node.cluster_id], now=now)
     node.refresh_from_db()
     return node
 
@@ -182,6 +187,7 @@ def do_remove_node(node: Node, *, actor: AbstractBaseUser, reason,
                  changes={"reason": reason, "state": node.state, "boot_id": node.boot_id})
     record_change(Kind.AGENT_ACCESS, cluster_id=node.cluster_id, node_id=node.pk, now=now)
     node.delete()
+    refresh_cluster_statuses([node.cluster_id], actor=actor, now=now)
     return True
 
 

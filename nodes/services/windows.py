@@ -10,6 +10,7 @@ from django.utils import timezone
 from clusters.models import Cluster
 from clusters.services import actor_name, record_audit
 
+from ..cluster_status import refresh_cluster_statuses
 from ..models import MaintenanceWindow
 
 
@@ -27,6 +28,7 @@ def do_create_maintenance_window(cluster: Cluster, *, reason, starts_at, ends_at
     window.nodes.set(nodes)
     record_audit(actor, "maintenance.create", window, cluster=cluster, request=request, now=now,
                  changes=_window_fields(window))
+    refresh_cluster_statuses([cluster.pk], actor=actor, now=now)
     return window
 
 
@@ -45,6 +47,7 @@ def do_update_maintenance_window(window, *, reason, ends_at, actor: AbstractBase
         window.save(update_fields=["reason", "ends_at"])
         record_audit(actor, "maintenance.update", window, cluster=window.cluster,
                      request=request, now=now, changes=changes)
+        refresh_cluster_statuses([window.cluster_id], actor=actor, now=now)
     return list(changes)
 
 
@@ -59,6 +62,7 @@ def do_end_maintenance_window(window, *, actor: AbstractBaseUser,
     if ended:
         record_audit(actor, "maintenance.end", window, cluster=window.cluster, request=request,
                      now=now, changes={"reason": window.reason})
+        refresh_cluster_statuses([window.cluster_id], actor=actor, now=now)
     return bool(ended)
 
 

@@ -1,6 +1,6 @@
 // The page's live socket: one cluster summary a second from /ws/live/cluster/<slug>/.
-// It fills [data-live-count] and [data-live-usage] in place and shows [data-live-when] (it
-// touches only data-live-* attributes, never another widget's), tells other widgets through
+// It fills [data-live-count] and [data-live-usage] in place, shows [data-live-when] and
+// the cluster's status (#cluster-status; it touches only these, never another widget's), tells other widgets through
 // DOM events ("cluster-summary" with the summary; "cluster-changed" when the timeline moved,
 // which htmx widgets listen to with hx-trigger="cluster-changed from:body"), and reconnects
 // on loss.
@@ -34,10 +34,20 @@
     document.querySelectorAll("[data-live-when]").forEach(function (el) {
       el.hidden = (el.dataset.liveWhen === "reporting") !== Boolean(summary.usage);
     });
+    const status = document.getElementById("cluster-status");
+    const statusChanged = Boolean(status) && status.dataset.status !== summary.status;
+    if (statusChanged) {
+      status.dataset.status = summary.status;
+      const badge = status.querySelector(".badge");
+      badge.className = "badge status-" + summary.status;
+      badge.textContent = summary.status;
+    }
+    const reason = document.getElementById("cluster-status-reason");
+    if (reason) reason.textContent = summary.status_reason;
     document.body.dispatchEvent(new CustomEvent("cluster-summary", { detail: summary }));
     // The first summary on each connection counts as a change: the page (or the last
     // connection) may have missed what happened before it.
-    if (timelineHead === null || summary.timeline_head !== timelineHead) {
+    if (timelineHead === null || summary.timeline_head !== timelineHead || statusChanged) {
       document.body.dispatchEvent(new CustomEvent("cluster-changed", { detail: summary }));
     }
     timelineHead = summary.timeline_head;
