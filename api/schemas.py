@@ -106,6 +106,9 @@ class NodeOut(Schema):
     paused_by_operator: bool = Field(..., description="an operator paused it (until resumed)")
     gpus: int
     boot_id: str
+    agent_version: str = Field(..., description="as its last hello said ('' before one); "
+                                                "?agent=other lists nodes on another release "
+                                                "than this console's")
     last_seen: datetime | None
     worst_signal: str = ""
     live: LiveNumbers | None = None

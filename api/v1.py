@@ -209,7 +209,8 @@ def node_json(node, live=None, signals=None, hygiene=None):
     return {"name": node.name, "hostname": node.hostname, "state": node.state,
             "role": node.role, "paused": node.state == NodeState.PAUSED,
             "paused_by_operator": node.paused, "gpus": node.gpu_count,
-            "boot_id": node.boot_id, "last_seen": node.last_seen,
+            "boot_id": node.boot_id, "agent_version": node.agent_version,
+            "last_seen": node.last_seen,
             "worst_signal": (signals or {}).get(node.pk, ""),
             "live": (live or {}).get(node.pk), "hygiene": hygiene}
 

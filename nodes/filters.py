@@ -3,6 +3,7 @@ from django.db.models import Case, Exists, OuterRef, Q, Value, When
 
 from .choices import NodeRole, NodeState
 from .models import Node
+from .wheelhouse import console_agent_version
 
 # The worst problem first: unhealthy nodes with an open critical event, the other unhealthy
 # ones, then pending, booting, paused and healthy (through the events' relation to the node:
@@ -41,10 +42,15 @@ class NodeFilter(django_filters.FilterSet):
         help_text="nodes with an open health event of this signature (xid:79)")
     name = django_filters.CharFilter(method="matching_text", label="search",
                                      help_text="a part of the node's name or hostname")
+    agent = django_filters.ChoiceFilter(
+        choices=[("other", "another release than this console's")], method="with_agent",
+        empty_label="any agent", label="agent",
+        help_text="other: nodes whose agent is another release than the one this console "
+                  "installs (an upgrade not yet rolled out)")
 
     class Meta:
         model = Node
-        fields = ["state", "role", "signature", "name"]
+        fields = ["state", "role", "signature", "name", "agent"]
 
     def with_open_signature(self, queryset, name, value):
         """Nodes with an open health event of that signature. The events' model comes from
@@ -53,6 +59,10 @@ class NodeFilter(django_filters.FilterSet):
         events = Node._meta.get_field("health_events").related_model.objects
         open_with_it = events.filter(signature=value, closed_at__isnull=True)
         return queryset.filter(pk__in=open_with_it.values("node_id"))
+
+    def with_agent(self, queryset, name, value):
+        return (queryset.exclude(agent_version="")
+                .exclude(agent_version=console_agent_version()))
 
     def matching_text(self, queryset, name, value):
         return queryset.filter(Q(name__icontains=value) | Q(hostname__icontains=value))

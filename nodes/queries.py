@@ -23,6 +23,7 @@ from .filters import DB_SORTS, DEFAULT_SORT, LIVE_SORTS, SORT_CHOICES, NodeFilte
 from .live_store import get_live_store, stale_after_s
 from .models import AgentCommand, MaintenanceWindow, Node, NodeRollup
 from .rollups import reading
+from .wheelhouse import agent_is_behind, console_agent_version
 
 NODES_PAGE_SIZE = 50
 # The grid labels its tiles with the nodes' names up to this many nodes (a 1440x900 screen
@@ -61,15 +62,17 @@ def node_list_context(cluster, params):
         page = Paginator(matching.order_by(*DB_SORTS[sort]), NODES_PAGE_SIZE).get_page(
             params.get("page"))
         shown = page.object_list
+    agent_release = console_agent_version()
     for node in shown:
         node.live = live.get(node.pk)
+        node.agent_behind = view == "list" and agent_is_behind(node.agent_version, agent_release)
         # The grid tile's fill: utilization in tenths (class u0..u10; none without a sample).
         util = node.live and node.live["util_mean"]
         node.fill = None if util is None else min(10, max(0, round(util / 10)))
     query = params.copy()
     query.pop("page", None)
     return {"filter": node_filter, "page": page, "nodes": shown, "view": view, "sort": sort,
-            "legend": legend, "labelled": labelled,
+            "legend": legend, "labelled": labelled, "agent_release": agent_release,
             "sort_choices": SORT_CHOICES, "list_query": query.urlencode(),
             "node_roles": NodeRole.choices,
             "filtered": any(params.get(key) for key in NodeFilter.base_filters)}

@@ -27,6 +27,7 @@ from .forms import (
 from .bundles import do_download_bundle, do_request_bundle, settle
 from .live_store import get_live_store, stale_after_s
 from .models import AgentCommand, DiagnosticBundle, MaintenanceWindow
+from .wheelhouse import agent_is_behind, console_agent_version
 from .responses import bulk_response, bulk_summary, node_status_or_redirect
 from .queries import (
     CHART_METRICS,
@@ -69,6 +70,7 @@ def node_list(request, slug):
 @require_role(Role.VIEWER)
 def node_detail(request, slug, name):
     node = get_node_for_user(request, slug, name)
+    agent_release = console_agent_version()
     context = {
         "cluster": node.cluster,
         "tab": "nodes",
@@ -82,6 +84,8 @@ def node_detail(request, slug, name):
         "grafana_url": grafana_url(node),
         **hygiene_context(node),
         "ssh_command": ssh_command(node, request.user),
+        "agent_release": agent_release,
+        "agent_behind": agent_is_behind(node.agent_version, agent_release),
         "bundles": node_bundles(node),
         "bundle_retention_days": settings.CLUSTERUI_BUNDLE_RETENTION_DAYS,
         "chart_range": request.GET.get("range") if request.GET.get("range") in CHART_RANGES

@@ -14,6 +14,7 @@ build() makes it, at install time (`manage.py build_agent_wheelhouse`):
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from pathlib import Path
 from django.conf import settings
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 
 AGENT_SOURCE = Path(settings.BASE_DIR) / "agent"
 AGENT_DISTRIBUTION = "clusterui-agent"
@@ -167,3 +169,25 @@ def wheel_path(name, directory=None):
     if manifest is None or name not in manifest["files"]:
         return None
     return Path(directory or settings.CLUSTERUI_AGENT_WHEELHOUSE) / name
+
+
+def console_agent_version():
+    """The agent release this console installs: its wheelhouse's, else the version of the
+    agent/ folder it would build (read as text: the server never imports the agent)."""
+    manifest = read_manifest()
+    if manifest is not None:
+        return manifest["agent_version"]
+    found = re.search(r'^__version__ = "([^"]+)"', (AGENT_SOURCE / "__init__.py").read_text(),
+                      re.MULTILINE)
+    return found.group(1) if found else ""
+
+
+def agent_is_behind(version, current):
+    """Whether an agent that said `version` in its hello is older than `current` (a version
+    that is not one, e.g. a hand-built agent's, counts as older; none said: not judged)."""
+    if not version or not current:
+        return False
+    try:
+        return Version(version) < Version(current)
+    except InvalidVersion:
+        return True

@@ -12,6 +12,7 @@ from healthchecks.queries import SEVERITY_RANK, worst_open_events
 from nodes import maintenance
 from nodes.choices import DISPLAY_ORDER, OUT_OF_SERVICE, STATE_COLOURS, NodeState
 from nodes.models import ClusterRollup, Node, NodeTransition
+from nodes.wheelhouse import console_agent_version
 from repairs.choices import Status
 from repairs.models import Repair
 
@@ -54,6 +55,15 @@ def nodes_in_acceptance(cluster):
     return (CheckRun.objects.unfinished()
             .filter(node__cluster=cluster, purpose=CheckRun.Purpose.ACCEPTANCE)
             .values("node").distinct().count())
+
+
+def nodes_on_another_agent(cluster):
+    """(how many of the cluster's nodes run another agent release than this console
+    installs, that release): what an upgrade has left to roll out."""
+    release = console_agent_version()
+    count = (Node.objects.filter(cluster=cluster).exclude(agent_version="")
+             .exclude(agent_version=release).count())
+    return {"count": count, "release": release}
 
 
 NEEDS_YOU_LIMIT = 15

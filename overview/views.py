@@ -68,6 +68,7 @@ def overview(request, slug):
         "degraded": read.degraded(cluster, counts),
         "maintenance": read.maintenance_now(cluster),
         "nodes_in_acceptance": read.nodes_in_acceptance(cluster),
+        "other_agents": read.nodes_on_another_agent(cluster),
         "repairs_awaiting": read.repairs_awaiting_approval(cluster),
         "needs_you": read.needs_you(cluster),
         "usage": read.usage(cluster),

@@ -53,6 +53,14 @@ if [ ! -f "$MANIFEST" ] || [ -n "$(find static "$INSTALLED_STAMP" -newer "$MANIF
 fi
 log "migrating the database ($DATA_DIR/clusterui.sqlite3)"
 "$PY" manage.py migrate --no-input -v 0
+# The agent's wheelhouse (/agent/wheels/, the settings page's install command): built again
+# when agent/ changed since. Without a package index the demo runs on, and the page says why.
+WHEELHOUSE=${CLUSTERUI_AGENT_WHEELHOUSE:-$DATA_DIR/agent-wheels}
+if [ ! -f "$WHEELHOUSE/manifest.json" ] || [ -n "$(find agent -newer "$WHEELHOUSE/manifest.json" -print -quit)" ]; then
+    log "building the agent's wheelhouse ($WHEELHOUSE)"
+    "$PY" manage.py build_agent_wheelhouse --targets all --dir "$WHEELHOUSE" >/dev/null \
+        || log "no agent wheelhouse (is a package index reachable?): the install command is off"
+fi
 FLEET_DIR="$DATA_DIR/fleet"
 RECEIVER_KEY="$DATA_DIR/demo-receiver/signing.key"
 # The simulated Slurm (demo/slurm): sacct, squeue, scontrol and scancel answering from the

@@ -45,11 +45,12 @@ class Process:
 
     port = None  # where it serves, for wait_listening()
 
-    def __init__(self, name, argv, *, env, log_path):
+    def __init__(self, name, argv, *, env, log_path, cwd=REPO_ROOT):
         self.name = name
         self.argv = [str(a) for a in argv]
         self.env = env
         self.log_path = Path(log_path)
+        self.cwd = cwd
         self.process = None
 
     def start(self):
@@ -58,7 +59,7 @@ class Process:
             log.write(f"=== {time.strftime('%H:%M:%S')} start: {' '.join(self.argv)}\n".encode())
             log.flush()
             self.process = subprocess.Popen(
-                self.argv, cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                self.argv, cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, preexec_fn=self.before_exec,
             )
         return self

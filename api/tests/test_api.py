@@ -356,3 +356,21 @@ def test_one_node_comes_with_its_hygiene_readings_and_an_operator_cleans_it_up(
     assert response.json()["id"] == command.pk and response.json()["status"] == "queued"
     assert command.action == "cleanup" and command.requested_by == operator
     reset_live_store()
+
+
+def test_nodes_carry_their_agent_version_and_filter_by_another_release(api_as, cluster, settings,
+                                                                     tmp_path):
+    import json
+
+    settings.CLUSTERUI_AGENT_WHEELHOUSE = tmp_path
+    (tmp_path / "manifest.json").write_text(json.dumps({"agent_version": "1.2.0", "files": {}}))
+    NodeFactory(cluster=cluster, name="gpu-old", agent_version="1.1.0")
+    NodeFactory(cluster=cluster, name="gpu-new", agent_version="1.2.0")
+    client, _ = api_as(Role.VIEWER)
+    nodes = f"/api/v1/clusters/{cluster.slug}/nodes/"
+
+    versions = {n["name"]: n["agent_version"] for n in client.get(nodes).json()["items"]}
+    assert versions == {"gpu-old": "1.1.0", "gpu-new": "1.2.0"}
+    other = client.get(nodes, agent="other").json()
+    assert [n["name"] for n in other["items"]] == ["gpu-old"]
+    assert client.get(nodes, agent="older").status_code == 400
