@@ -20,6 +20,8 @@ cluster_patterns = [
     path("secrets/<str:secret>/delete/", cluster_views.secret_delete, name="secret_delete"),
     path("c/<slug:slug>/", overview_views.overview, name="overview"),
     path("c/<slug:slug>/settings/", overview_views.cluster_settings, name="cluster_settings"),
+    path("c/<slug:slug>/settings/agent-daemonset.yaml", overview_views.agent_daemonset,
+         name="agent_daemonset"),
     path("c/<slug:slug>/settings/join-tokens/", overview_views.join_token_create,
          name="join_token_create"),
     path("c/<slug:slug>/settings/rejoin/open/", overview_views.cluster_rejoin_open,

@@ -6,6 +6,7 @@ from datetime import timedelta
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -16,7 +17,8 @@ from clusters.queries import get_cluster_for_user
 from clusters.roles import Role, has_role, require_role
 from clusters.services import do_create_cluster, do_update_cluster
 from nodes.cluster_status import refresh_cluster_statuses
-from nodes.install_command import install_panel
+from nodes.install_command import console_ca_pem, daemonset_manifest, install_panel
+from nodes.wheelhouse import read_manifest
 from nodes.forms import JoinTokenForm, RejoinForm
 from nodes.models import AgentToken
 from nodes.services import (
@@ -115,6 +117,20 @@ def _settings_context(request, cluster, **extra):
         "now": timezone.now(),
         **extra,
     }
+
+
+@require_GET
+@require_role(Role.VIEWER)
+def agent_daemonset(request, slug):
+    """The cluster's agent as a Kubernetes DaemonSet (nodes/install_command.py)."""
+    cluster = get_cluster_for_user(request, slug)
+    manifest = read_manifest()
+    if manifest is None:
+        raise Http404("no agent wheelhouse is built: run manage.py build_agent_wheelhouse")
+    text = daemonset_manifest(manifest, request.build_absolute_uri("/"), cluster.slug,
+                              console_ca_pem())
+    return HttpResponse(text, content_type="application/yaml", headers={
+        "Content-Disposition": f'attachment; filename="clusterui-agent-{cluster.slug}.yaml"'})
 
 
 @require_POST

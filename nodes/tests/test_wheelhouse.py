@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from nodes.install_command import install_command, install_panel
+from nodes.install_command import daemonset_manifest, install_command, install_panel
 from nodes.wheelhouse import (
     MANIFEST,
     Target,
@@ -121,3 +121,66 @@ def test_the_settings_page_shows_the_command_to_every_role(wheelhouse, cluster, 
     assert 'id="install-command"' in page
     assert "clusterui-agent 1.0.0" in page
     assert f"--hash=sha256:{sha(b'agent')}" in page
+
+
+# The oldest Kubernetes release still supported upstream when this was written, and the
+# newest the schemas know: the manifest must hold for both.
+KUBERNETES_VERSIONS = ("1.31", "1.35")
+
+
+def test_the_daemonset_validates_against_kubernetes_schemas_and_installs_the_same_wheels(
+        wheelhouse):
+    import kubernetes_validate
+    import yaml
+
+    pem = "-----BEGIN CERTIFICATE-----\nMIIBexample\n-----END CERTIFICATE-----"
+    text = daemonset_manifest(wheelhouse, "https://console.example.com/", "prod-h200", pem)
+    documents = list(yaml.safe_load_all(text))
+    assert [d["kind"] for d in documents] == ["Namespace", "ConfigMap", "DaemonSet"]
+    for document in documents:
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(document, version, strict=True)
+
+    config = documents[1]["data"]
+    assert config["requirements.txt"].splitlines() == pinned_requirements(wheelhouse)
+    assert config["ca.pem"].strip() == pem
+    assert 'server = "wss://console.example.com/ws/agent/"' in config["agent.toml"]
+    pod = documents[2]["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True and pod["runtimeClassName"] == "nvidia"
+    (install,) = pod["initContainers"]
+    assert "--require-hashes" in install["command"][-1]
+    assert "--cert /etc/clusterui-agent/ca.pem" in install["command"][-1]
+    (agent,) = pod["containers"]
+    token = next(e for e in agent["env"] if e["name"] == "CLUSTERUI_AGENT_TOKEN")
+    assert token["valueFrom"]["secretKeyRef"] == {"name": "clusterui-agent-join-token",
+                                                  "key": "token"}
+    assert not any("cuj_" in str(value) for value in agent["command"])
+    mounts = {m["mountPath"] for m in agent["volumeMounts"]}
+    assert {"/dev/kmsg", "/var/lib/clusterui-agent"} <= mounts
+    paths = {v["name"]: v.get("hostPath", {}).get("path") for v in pod["volumes"]}
+    assert paths["state"] == "/var/lib/clusterui-agent" and paths["kmsg"] == "/dev/kmsg"
+
+
+def test_a_field_kubernetes_does_not_know_fails_the_validation(wheelhouse):
+    import kubernetes_validate
+    import yaml
+
+    text = daemonset_manifest(wheelhouse, "https://c.example/", "prod-h200")
+    daemonset = list(yaml.safe_load_all(text))[2]
+    daemonset["spec"]["template"]["spec"]["hostPid"] = True  # a typo the client would drop
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(daemonset, KUBERNETES_VERSIONS[0], strict=True)
+
+
+@pytest.mark.django_db
+def test_a_kubernetes_clusters_page_offers_the_daemonset(wheelhouse, cluster, viewer,
+                                                          client_for):
+    client = client_for(viewer)
+    assert 'id="agent-daemonset"' not in client.get(f"/c/{cluster.slug}/settings/").content.decode()
+    cluster.scheduler = cluster.Scheduler.KUBERNETES
+    cluster.save()
+    assert 'id="agent-daemonset"' in client.get(f"/c/{cluster.slug}/settings/").content.decode()
+    response = client.get(f"/c/{cluster.slug}/settings/agent-daemonset.yaml")
+    assert response.status_code == 200
+    assert response["Content-Type"] == "application/yaml"
+    assert b"kind: DaemonSet" in response.content
