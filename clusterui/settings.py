@@ -452,6 +452,10 @@ def every(seconds, task):
     return {"task": task, "schedule": seconds, "options": {"expires": seconds}}
 
 
+# One beat per deployment: a second one stands by (clusterui/beat.py). Its Redis lock's key
+# (default clusterui:beat:<database name>).
+CELERY_BEAT_SCHEDULER = "clusterui.beat:SingleBeatScheduler"
+CLUSTERUI_BEAT_LOCK = envstr("CLUSTERUI_BEAT_LOCK")
 CELERY_BEAT_SCHEDULE = {
     "refresh-node-states": every(10.0, "nodes.tasks.refresh_due_node_states"),
     "end-overdue-boot-holds": every(10.0, "startup.tasks.end_overdue_boot_holds"),

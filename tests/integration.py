@@ -326,12 +326,14 @@ class ProcessGroup:
                       extra_args=extra_args)
         return self._add(agent).start()
 
-    def celery(self, role, *extra, **env):
-        """`celery -A clusterui worker|beat` with the test environment."""
+    def celery(self, role, *extra, name=None, **env):
+        """`celery -A clusterui worker|beat` with the test environment; `name` tells two of
+        one role apart (and their logs)."""
         argv = [sys.executable, "-m", "celery", "-A", "clusterui", role, "--loglevel=INFO",
                 *extra]
-        return self._add(Process(f"celery {role}", argv, env=self.env_with(**env),
-                                 log_path=self._log(f"celery-{role}"))).start()
+        name = name or f"celery-{role}"
+        return self._add(Process(name, argv, env=self.env_with(**env),
+                                 log_path=self._log(name))).start()
 
     def stop_all(self):
         for process in reversed(self.processes):
