@@ -20,6 +20,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
+import requests
 import yaml
 from django import forms
 from django.conf import settings
@@ -48,7 +49,8 @@ KUBELOGIN_INSTALL_HINT = ("kubectl needs the kubelogin plugin: `kubectl krew ins
 NAMESPACE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 PEM_CERTIFICATE = "-----BEGIN CERTIFICATE-----"
 # Fields an admin edits, in the form's order; each change is audited.
-FIELDS = ("api_server_url", "certificate_authority_data", "oidc_client_id", "oidc_scopes",
+FIELDS = ("api_server_url", "certificate_authority_data", "oidc_issuer_url", "oidc_groups_claim",
+          "oidc_client_id", "oidc_scopes",
           "username_claim", "username_prefix", "groups_prefix", "operator_namespaces")
 
 
@@ -68,13 +70,16 @@ class OidcFacts:
         return not self.missing
 
 
-def oidc_facts():
+def oidc_facts(access=None):
     """The console's OIDC settings, read with getattr so that a console without OIDC sign-in
-    (the embedded demo) gets a page that says what is missing instead of an error.
+    (the embedded demo) gets a page that says what is missing instead of an error; a
+    cluster's KubernetesAccess may name another issuer and groups claim for its API server.
     CLUSTERUI_OIDC_ROLE_GROUPS maps each IdP group to a role name: {"gpu-admins": "admin"}."""
-    issuer_url = getattr(settings, ISSUER_SETTING, "") or ""
+    issuer_url = ((access and access.oidc_issuer_url)
+                  or getattr(settings, ISSUER_SETTING, "") or "")
     client_id = getattr(settings, CLIENT_ID_SETTING, "") or ""
-    groups_claim = getattr(settings, GROUPS_CLAIM_SETTING, "") or ""
+    groups_claim = ((access and access.oidc_groups_claim)
+                    or getattr(settings, GROUPS_CLAIM_SETTING, "") or "")
     group_roles = role_groups()
     groups_by_role = {role: [] for role in Role}
     for group, role_name in sorted(group_roles.items()):
@@ -84,6 +89,39 @@ def oidc_facts():
                                         (GROUPS_CLAIM_SETTING, groups_claim),
                                         (ROLE_GROUPS_SETTING, group_roles)) if not value]
     return OidcFacts(issuer_url, client_id, groups_claim, groups_by_role, missing)
+
+
+DISCOVERY_TIMEOUT_S = 5
+
+
+def check_issuer(issuer_url):
+    """Why the API server could not take ID tokens from this issuer, or None: its OpenID
+    Connect discovery document is fetched, and must name this issuer and its signing keys
+    (what kube-apiserver reads). kube-apiserver takes only https:// issuers; a loopback
+    http:// one (a development IdP) passes with a warning in `issuer_warning`."""
+    url = issuer_url.rstrip("/")
+    try:
+        answer = requests.get(f"{url}/.well-known/openid-configuration",
+                              timeout=DISCOVERY_TIMEOUT_S)
+        answer.raise_for_status()
+        document = answer.json()
+    except (requests.RequestException, ValueError) as exc:
+        return f"Its discovery document ({url}/.well-known/openid-configuration) could not be " \
+               f"read: {exc}"
+    if not isinstance(document, dict) or str(document.get("issuer", "")).rstrip("/") != url:
+        named = document.get("issuer") if isinstance(document, dict) else None
+        return f"Its discovery document names another issuer ({named!r}): give that one."
+    if not document.get("jwks_uri"):
+        return "Its discovery document has no jwks_uri: the API server could not check tokens."
+    return None
+
+
+def issuer_warning(issuer_url):
+    """What to know of an issuer that passed check_issuer(), or ""."""
+    if issuer_url.startswith("http://"):
+        return ("kube-apiserver takes only https:// issuers: this one serves a development "
+                "IdP on loopback and will not work with a real API server.")
+    return ""
 
 
 def is_kubernetes(cluster):
@@ -284,6 +322,8 @@ def console_kubeconfig_cluster(cluster):
 class KubernetesAccessForm(forms.ModelForm):
     api_server_url = KubernetesAccess._meta.get_field("api_server_url").formfield(
         assume_scheme="https")
+    oidc_issuer_url = KubernetesAccess._meta.get_field("oidc_issuer_url").formfield(
+        assume_scheme="https")
 
     class Meta:
         model = KubernetesAccess
@@ -317,6 +357,14 @@ class KubernetesAccessForm(forms.ModelForm):
             raise forms.ValidationError(f"Not namespace names: {', '.join(bad)} (lower-case "
                                         f"letters, digits and '-', at most 63).")
         return " ".join(dict.fromkeys(names))
+
+    def clean_oidc_issuer_url(self):
+        """Checked against its discovery document, as the creation page does."""
+        url = self.cleaned_data["oidc_issuer_url"].rstrip("/")
+        problem = check_issuer(url) if url else None
+        if problem:
+            raise forms.ValidationError(problem)
+        return url
 
     def clean_oidc_scopes(self):
         return " ".join(dict.fromkeys(self.cleaned_data["oidc_scopes"].replace(",", " ").split()))

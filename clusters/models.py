@@ -37,6 +37,10 @@ class Cluster(models.Model):
     acceptance_tests_enabled = models.BooleanField(
         "run acceptance tests on new and reprovisioned nodes", default=False
     )
+    acceptance_checks = models.CharField(
+        "acceptance battery", max_length=255, blank=True,
+        help_text="The checks a new node passes before it takes work, space-separated "
+                  "(healthchecks' catalog). Empty: the default battery.")
     degraded_threshold_pct = models.PositiveSmallIntegerField(
         "degraded over (% of nodes out of service)", default=10,
         validators=[MinValueValidator(1), MaxValueValidator(100)],
@@ -98,6 +102,7 @@ class Cluster(models.Model):
         "os_image",
         "billing_rate_per_gpu_hour",
         "acceptance_tests_enabled",
+        "acceptance_checks",
         "degraded_threshold_pct",
         "scheduler",
         "scheduler_config",
@@ -218,6 +223,13 @@ class KubernetesAccess(models.Model):
         "CA bundle", blank=True,
         help_text="The CA that signs the API server's certificate: PEM, or base64 of the PEM "
                   "(a kubeconfig's certificate-authority-data). Empty: the system's CAs.")
+    oidc_issuer_url = models.URLField(
+        "OIDC issuer", max_length=255, blank=True,
+        help_text="The IdP whose ID tokens the API server takes, e.g. https://idp.example.com/"
+                  "realms/gpu (its discovery document is checked). Empty: the console's own.")
+    oidc_groups_claim = models.CharField(
+        "groups claim", max_length=64, blank=True,
+        help_text="The ID token's claim that lists a person's groups. Empty: the console's.")
     oidc_client_id = models.CharField(
         "kubectl's OIDC client id", max_length=255, blank=True,
         help_text="A public client (no secret, PKCE) registered at the IdP for kubectl, with "

@@ -76,7 +76,7 @@ def record_audit(actor, action, obj, *, changes=None, cluster=None, request=None
     )
 
 
-def _configuration(cluster):
+def configuration_of(cluster):
     values = model_to_dict(cluster, fields=Cluster.CONFIGURATION_FIELDS)
     return {k: str(v) if not isinstance(v, (bool, int, str)) else v for k, v in values.items()}
 
@@ -92,7 +92,7 @@ def do_create_cluster(form, *, actor: AbstractBaseUser | None,
         actor,
         "cluster.create",
         cluster,
-        changes={"after": _configuration(cluster)},
+        changes={"after": configuration_of(cluster)},
         cluster=cluster,
         request=request,
     )
@@ -103,11 +103,11 @@ def do_create_cluster(form, *, actor: AbstractBaseUser | None,
 def do_update_cluster(form, *, actor: AbstractBaseUser,
                       request: HttpRequest | None = None) -> tuple[Cluster, dict]:
     """Save an edited configuration; the audit entry holds each changed field before/after."""
-    before = _configuration(
+    before = configuration_of(
         Cluster.objects.select_for_update(no_key=True).get(pk=form.instance.pk))
     cluster = form.save()
     cluster.refresh_from_db()  # as stored: 2.1 and 2.1000 are one billing rate
-    after = _configuration(cluster)
+    after = configuration_of(cluster)
     changed = {k: {"before": before[k], "after": after[k]} for k in after if before[k] != after[k]}
     if changed:
         record_audit(

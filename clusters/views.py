@@ -41,8 +41,8 @@ def kubernetes_access(request, slug):
         messages.success(request, f"Saved: {', '.join(changed)}." if changed
                          else "Nothing changed.")
         return redirect("clusterui:kubernetes_access", cluster.slug)
-    context = kubeaccess.page_context(cluster, kubeaccess.access_for(cluster),
-                                      kubeaccess.oidc_facts(), request.user)
+    saved = kubeaccess.access_for(cluster)
+    context = kubeaccess.page_context(cluster, saved, kubeaccess.oidc_facts(saved), request.user)
     return render(request, "clusters/kubeaccess.html",
                   {**context, "form": form, "prefilled": sorted(initial)},
                   status=400 if form.errors else 200)
@@ -54,8 +54,8 @@ def kubeconfig_download(request, slug):
     cluster = get_cluster_for_user(request, slug)
     if not kubeaccess.is_kubernetes(cluster):
         raise Http404("Not a Kubernetes cluster.")
-    config = kubeaccess.kubeconfig(kubeaccess.access_for(cluster), kubeaccess.oidc_facts(),
-                                   request.user)
+    access = kubeaccess.access_for(cluster)
+    config = kubeaccess.kubeconfig(access, kubeaccess.oidc_facts(access), request.user)
     if config is None:
         raise Http404("No kubeconfig yet: the API server URL or the OIDC settings are missing.")
     response = HttpResponse(kubeaccess.to_yaml(config), content_type="application/yaml")

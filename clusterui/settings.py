@@ -531,6 +531,8 @@ if CLUSTERUI_CLOSED_EVENT_RETENTION_DAYS < 90:
         f"days of each GPU's history (got {CLUSTERUI_CLOSED_EVENT_RETENTION_DAYS})")
 # The audit trail is kept for good unless an admin sets a retention here (days).
 CLUSTERUI_AUDIT_RETENTION_DAYS = envint("CLUSTERUI_AUDIT_RETENTION_DAYS", None)
+# The creation page recommends acceptance tests from this many GPUs (or a long-running cluster).
+CLUSTERUI_ACCEPTANCE_RECOMMENDED_FROM_GPUS = envint("CLUSTERUI_ACCEPTANCE_RECOMMENDED_FROM_GPUS", 64)
 # The agent's wheelhouse (nodes/wheelhouse.py): the agent's wheel and its dependencies, built
 # by `manage.py build_agent_wheelhouse` at install time and served at /agent/wheels/.
 CLUSTERUI_AGENT_WHEELHOUSE = Path(envstr("CLUSTERUI_AGENT_WHEELHOUSE",

@@ -447,7 +447,8 @@ class Result:
 
 
 def create_cluster():
-    """The cluster, through the same form and service as the console's "new cluster" page."""
+    """The cluster, through the clusters app's form and service (the console's creation page
+    adds its other sections around them: overview/creation.py)."""
     facts = gpu_facts()
     data = {name: Cluster._meta.get_field(name).get_default()
             for name in ClusterCreateForm._meta.fields}

@@ -36,6 +36,15 @@ CHECKS = {
 
 # Run, in this order, on a new or reprovisioned node of a cluster with acceptance tests on.
 ACCEPTANCE_CHECKS = ("nvml_sanity", "gpu_compute", "gpu_memory_bandwidth", "storage")
+
+
+def acceptance_battery(cluster):
+    """The checks a new node of the cluster passes, in ACCEPTANCE_CHECKS' order then the
+    rest: the cluster's choice (Cluster.acceptance_checks), else the default."""
+    chosen = [name for name in cluster.acceptance_checks.split() if name in CHECKS]
+    return tuple(chosen) or ACCEPTANCE_CHECKS
+
+
 # Run after a reboot of a node with open Xid / lost-GPU events; passing closes them.
 AFTER_REBOOT_CHECKS = ("nvml_sanity", "gpu_compute")
 

@@ -2,7 +2,7 @@ from django import forms
 
 from nodes.forms import BulkNodesForm
 
-from .check_catalog import ACCEPTANCE_CHECKS, CHECKS
+from .check_catalog import CHECKS, acceptance_battery
 from .models import CheckRun
 
 
@@ -24,10 +24,11 @@ def check_choices():
             (ACCEPTANCE_BATTERY, "Acceptance tests (the whole battery)")]
 
 
-def checks_and_purpose(choice):
-    """What a check choice runs: the acceptance battery, or that one check on demand."""
+def checks_and_purpose(choice, cluster):
+    """What a check choice runs: the cluster's acceptance battery, or that one check on
+    demand."""
     if choice == ACCEPTANCE_BATTERY:
-        return ACCEPTANCE_CHECKS, CheckRun.Purpose.ACCEPTANCE
+        return acceptance_battery(cluster), CheckRun.Purpose.ACCEPTANCE
     return (choice,), CheckRun.Purpose.ON_DEMAND
 
 
@@ -50,7 +51,7 @@ class RunCheckForm(forms.Form):
         return node
 
     def checks_and_purpose(self):
-        return checks_and_purpose(self.cleaned_data["check"])
+        return checks_and_purpose(self.cleaned_data["check"], self.cluster)
 
 
 class BulkCheckForm(BulkNodesForm):
@@ -58,9 +59,10 @@ class BulkCheckForm(BulkNodesForm):
 
     check = forms.ChoiceField()
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args, cluster, **kwargs):
+        super().__init__(*args, cluster=cluster, **kwargs)
+        self.cluster = cluster
         self.fields["check"].choices = check_choices()
 
     def checks_and_purpose(self):
-        return checks_and_purpose(self.cleaned_data["check"])
+        return checks_and_purpose(self.cleaned_data["check"], self.cluster)

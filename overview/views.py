@@ -12,10 +12,10 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from clusters.forms import ClusterCreateForm, ClusterSettingsForm
+
 from clusters.queries import get_cluster_for_user
 from clusters.roles import Role, has_role, require_role
-from clusters.services import do_create_cluster, do_update_cluster
+from clusters.services import do_update_cluster
 from nodes.cluster_status import refresh_cluster_statuses
 from nodes.install_command import console_ca_pem, daemonset_manifest, install_panel
 from nodes.wheelhouse import read_manifest
@@ -29,7 +29,14 @@ from nodes.services import (
 )
 
 from . import queries as read
-from .forms import TimelineFilterForm
+from .creation import (
+    ClusterCreationForm,
+    do_create_cluster_with_setup,
+    form_initial,
+    review_sections_of,
+    sections_of,
+)
+from .forms import ClusterSettingsPageForm, TimelineFilterForm
 
 
 @require_GET
@@ -42,13 +49,24 @@ def cluster_list(request):
 @require_http_methods(["GET", "POST"])
 @require_role(Role.ADMIN)
 def cluster_create(request):
-    form = ClusterCreateForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
-        cluster = do_create_cluster(form, actor=request.user, request=request)
-        refresh_cluster_statuses([cluster.pk], actor=request.user)
-        messages.success(request, f"Cluster {cluster.name} created.")
-        return redirect(cluster)
-    return render(request, "overview/cluster_create.html", {"form": form})
+    """The creation page (overview/creation.py): edit, then review (every check run), then
+    create; "Change" on the review comes back to the page with the choices kept."""
+    step = request.POST.get("step", "review")
+    if request.method == "POST" and step == "edit":
+        form = ClusterCreationForm(initial=form_initial(ClusterCreationForm, request.POST))
+    else:
+        form = ClusterCreationForm(request.POST or None)
+    if request.method == "POST" and step in ("review", "create") and form.is_valid():
+        if step == "create":
+            cluster = do_create_cluster_with_setup(form, actor=request.user, request=request)
+            messages.success(request, f"Cluster {cluster.name} created.")
+            return redirect(cluster)
+        return render(request, "overview/cluster_review.html",
+                      {"form": form, "review": form.review,
+                       "sections": review_sections_of(form)})
+    return render(request, "overview/cluster_create.html",
+                  {"form": form, "sections": sections_of(form)},
+                  status=400 if form.is_bound and form.errors else 200)
 
 
 @require_GET
@@ -89,7 +107,7 @@ def cluster_settings(request, slug):
     cluster = get_cluster_for_user(request, slug)
     if request.method == "POST" and not has_role(request.user, Role.ADMIN):
         raise PermissionDenied("Changing settings needs the admin role.")
-    form = ClusterSettingsForm(request.POST or None, instance=cluster)
+    form = ClusterSettingsPageForm(request.POST or None, instance=cluster)
     if request.method == "POST" and form.is_valid():
         _, changed = do_update_cluster(form, actor=request.user, request=request)
         # Acceptance and the degraded threshold decide the status.
@@ -107,7 +125,7 @@ def _settings_context(request, cluster, **extra):
         "cluster": cluster,
         "tab": "settings",
         "node_count": cluster.nodes.count(),
-        "form": ClusterSettingsForm(instance=cluster),
+        "form": ClusterSettingsPageForm(instance=cluster),
         "token_form": JoinTokenForm(),
         "rejoin_form": RejoinForm(),
         "cluster_rejoin_open": (cluster.rejoin_open_until is not None

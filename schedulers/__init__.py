@@ -2,6 +2,7 @@
 resume nodes through it and ask which jobs a repair would hit; job accounting reads Slurm's.
 Each is a small class behind one interface; scheduler_for(cluster) picks it.
 
+    scheduler.ping() -> what it answered (ExecutorError when it does not)
     scheduler.drain(node_name, reason) -> output      scheduler.resume(node_name) -> output
     scheduler.node(node_name) -> SchedulerNode         scheduler.running_jobs(node_name) -> [Job]
     scheduler.signal(node_name, jobs, signal, all_steps) -> output   (ask the jobs to end)

@@ -55,6 +55,9 @@ class NoScheduler:
     drives_nodes = False  # the schedulers that drain and resume nodes say True
     jobs_end_on_their_own = True
 
+    def ping(self):
+        return "no scheduler: nothing to reach"
+
     def drain(self, node_name, reason):
         return "no scheduler configured: nothing to drain"
 

@@ -83,6 +83,11 @@ class KubernetesScheduler:
         self._call(f"cordoning {node_name}", self.core_api.patch_node, node_name, patch)
         return f"cordoned {node_name}"
 
+    def ping(self):
+        """That the API server answers these credentials: the nodes it lists."""
+        nodes = self._call("listing nodes", self.core_api.list_node, limit=500)
+        return f"the API server answered: {len(nodes.items)} nodes"
+
     def signal(self, node_name, jobs, signal, all_steps=False):
         """Evict the node's workload pods, as far as their disruption budgets allow now."""
         return self._evict_workload(node_name, delete_refused=False)

@@ -164,6 +164,10 @@ class SlurmScheduler:
     def _run(self, *argv):
         return run_slurm_command(argv, slurm_conf=self.slurm_conf, timeout_s=self.timeout_s).stdout
 
+    def ping(self):
+        """That slurmctld answers: what `scontrol ping` says."""
+        return self._run("scontrol", "ping").strip()
+
     def node(self, node_name):
         line = self._run("scontrol", "show", "node", node_name, "-o")
         return node_from_fields(parse_node_line(line))

@@ -10,6 +10,8 @@ so a view that checks the role only after fetching the object is tested too, and
 allowed POST sends a valid body: the answer is the view's real answer, not a form error.
 """
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -89,6 +91,10 @@ TABLE = {
     "healthz": Row(get=everyone(200), post=everyone(405)),
     # The agent's upload: a node token, not a person (nodes/tests/test_bundles.py).
     "agent_bundle_upload": Row(get=everyone(405), post=everyone(401)),
+    # The agent's wheelhouse, for nodes (no session): only what its manifest lists, each hash
+    # pinned by the install command (nodes/tests/test_wheelhouse.py); here a node's name.
+    "agent_wheels": Row(get=everyone(200), post=everyone(405)),
+    "agent_wheel": Row(get=everyone(404), post=everyone(405)),
     # Sign-in pages (their guards: clusters/tests/test_break_glass.py, test_oidc_views.py).
     # An empty break-glass form is shown again with its errors; the OIDC views are 404 while
     # OpenID Connect is off, as here.
@@ -104,7 +110,7 @@ TABLE = {
         get=needs(ADMINISTER, 200), post=needs(ADMINISTER, 302),
         data={"slug": "dev-l40s", "name": "dev-l40s", "gpus_per_node": 4,
               "billing_rate_per_gpu_hour": "1.5", "scheduler": "none",
-              "degraded_threshold_pct": 10}),
+              "degraded_threshold_pct": 10, "planned_nodes": 2, "step": "create"}),
     "clusterui:audit": Row(get=needs(ADMINISTER, 200), post=not_allowed()),
     "clusterui:audit_csv": Row(get=needs(ADMINISTER, 200), post=not_allowed()),
     "clusterui:overview": Row(get=needs(VIEW, 200), post=not_allowed()),
@@ -125,6 +131,7 @@ TABLE = {
               "oidc_scopes": "groups", "username_claim": "email", "username_prefix": "oidc:",
               "groups_prefix": "idp:"}),
     "clusterui:kubeconfig_download": Row(get=needs(VIEW, 200), post=not_allowed()),
+    "clusterui:agent_daemonset": Row(get=needs(VIEW, 200), post=not_allowed()),
     "clusterui:secrets": Row(get=needs(ADMINISTER, 200), post=needs(ADMINISTER, 302),
                              data={"name": "BMC_PASSWORD", "value": "s3cret", "description": ""}),
     "clusterui:secret_delete": Row(get=not_allowed(), post=needs(ADMINISTER, 302)),
@@ -289,10 +296,16 @@ def quick_password_hashing(settings):
 
 
 @pytest.fixture
-def world(cluster, settings):
+def world(cluster, settings, tmp_path):
     """One real object of each kind a URL names. The cluster runs Kubernetes and the console
     signs in through an IdP, so that the Kubernetes access pages have something to show."""
     settings.CLUSTERUI_METRICS_TOKEN = "metrics-token-for-tests"
+    settings.CLUSTERUI_AGENT_WHEELHOUSE = tmp_path
+    wheel = settings.CLUSTERUI_AGENT_WHEELHOUSE / "clusterui_agent-1.0.0-py3-none-any.whl"
+    wheel.write_bytes(b"wheel")
+    (settings.CLUSTERUI_AGENT_WHEELHOUSE / "manifest.json").write_text(json.dumps({
+        "agent_version": "1.0.0", "agent_wheel": wheel.name, "requirements": [],
+        "targets": ["cp311-x86_64"], "files": {wheel.name: hashlib.sha256(b"wheel").hexdigest()}}))
     settings.CLUSTERUI_OIDC_ISSUER = "https://idp.example.com/realms/gpu"
     settings.CLUSTERUI_OIDC_CLIENT_ID = "clusterui"
     settings.CLUSTERUI_OIDC_GROUPS_CLAIM = "groups"

@@ -1,5 +1,8 @@
-"""In Chromium, from a new cluster to a ready one (issue 28): an admin creates a cluster with
-acceptance tests on; it is *provisioning*. The settings page's install command, run as a
+"""In Chromium, from a new cluster to a ready one (issue 28): an admin creates a Kubernetes
+cluster on the creation page, with acceptance tests on and OIDC for the Kubernetes API from
+the tests' real OpenID Connect provider; the review connects to the (fake) API server, reads
+the provider's discovery document and shows the API server's flags. The cluster is
+*provisioning*. The settings page's install command, run as a
 node would run it, installs the real agent wheel into a fresh virtualenv from this
 console's wheelhouse (scripts/test.sh built it; nothing comes from outside loopback) and
 writes its config, join token and unit. The installed agent, started from that config on
@@ -19,6 +22,8 @@ from clusters.tests.factories import UserFactory
 from nodes.choices import NodeState
 from nodes.models import Node, NodeTransition
 from nodes.wheelhouse import read_manifest
+
+from schedulers.tests.kubernetes_fake import fake_api, write_kubeconfig  # noqa: F401 (fixture)
 
 from .browser import assert_no_csp_violations, screenshot, sign_in
 from .conftest import chromium_page
@@ -60,22 +65,44 @@ def run_install_command(command, root, tmp_path):
 
 
 def test_a_new_cluster_installs_its_agent_from_the_console_and_turns_ready(
-        stack, browser_page, request, tmp_path):
+        stack, browser_page, request, tmp_path, oidc_provider, fake_api):
     page = browser_page
     UserFactory(username="ada", role=Role.ADMIN)
+    kubeconfig = write_kubeconfig(fake_api, tmp_path / "kubeconfig")
     page.goto("/clusters/new/")
     sign_in(page, "ada")
-    page.fill("#id_slug", "bring-up")
     page.fill("#id_name", "bring-up")
+    page.fill("#id_slug", "bring-up")
+    page.fill("#id_gpu_type", "NVIDIA H200")
+    page.fill("#id_planned_nodes", "16")
+    page.select_option("#id_scheduler", "kubernetes")
+    page.fill("#id_scheduler_config", str(kubeconfig))
+    page.check("#id_long_running")
     page.check("#id_acceptance_tests_enabled")
-    page.click("form button[type=submit]")
+    page.fill("#id_oidc_issuer_url", oidc_provider.issuer)
+    page.fill("#id_oidc_client_id", "kubectl")
+    page.fill("#id_oidc_groups_claim", "groups")
+    page.check("input[name=startup_scripts][value=slack-job-end]")
+    screenshot(page, "create-cluster")
+    page.click("button[name=step][value=review]")
+
+    expect(page.locator("#scheduler-answer")).to_contain_text("the API server answered")
+    expect(page.locator("#apiserver-flags")).to_contain_text(
+        f"--oidc-issuer-url={oidc_provider.issuer}")
+    expect(page.locator("#apiserver-flags")).to_contain_text("--oidc-groups-claim=groups")
+    expect(page.locator("#acceptance-recommendation")).to_contain_text("Recommended on")
+    screenshot(page, "create-cluster-review")
+    assert not Cluster.objects.filter(slug="bring-up").exists()  # nothing saved on review
+    page.click("button[name=step][value=create]")
     expect(page.locator("#cluster-status .badge")).to_have_text("provisioning")
     cluster = Cluster.objects.get(slug="bring-up")
+    assert cluster.kubernetes_access.oidc_issuer_url == oidc_provider.issuer
 
     page.goto("/c/bring-up/settings/")
     page.click("#join-tokens form.token-form button[type=submit]")
     token = page.locator("#join-tokens input.token").input_value()
     command = page.locator("#install-command").inner_text()
+    expect(page.locator("#agent-daemonset")).to_be_visible()  # a Kubernetes cluster's option
     screenshot(page, "settings-install-agent")
 
     root = tmp_path / "root"

@@ -13,7 +13,7 @@ from clusters.services import record_audit
 from nodes import agent_work
 from nodes.models import Node
 
-from ..check_catalog import ACCEPTANCE_CHECKS, AFTER_REBOOT_CHECKS, CHECKS, params_for
+from ..check_catalog import AFTER_REBOOT_CHECKS, CHECKS, acceptance_battery, params_for
 from ..choices import NODE_AFFECTING, Severity, Source
 from ..models import CheckRun, HealthEvent
 from .events import do_close_health_event, do_record_health_event
@@ -149,10 +149,11 @@ def judge_acceptance(node, now=None):
     """A node whose acceptance battery has all passed since it joined is accepted."""
     now = now or timezone.now()
     node.refresh_from_db()
-    latest = latest_runs(node, CheckRun.Purpose.ACCEPTANCE, ACCEPTANCE_CHECKS, node.joined_at)
+    battery = acceptance_battery(node.cluster)
+    latest = latest_runs(node, CheckRun.Purpose.ACCEPTANCE, battery, node.joined_at)
     passed = all(
         name in latest and latest[name].status == CheckRun.Status.PASSED
-        for name in ACCEPTANCE_CHECKS
+        for name in battery
     )
     if passed and (node.acceptance_passed_at is None
                    or node.acceptance_passed_at < node.joined_at):
@@ -203,7 +204,8 @@ def start_checks_after_hello(node, *, rebooted, now=None):
         started = CheckRun.objects.filter(node=node, purpose=CheckRun.Purpose.ACCEPTANCE,
                                           requested_at__gte=node.joined_at)
         if not started.exists():
-            do_request_checks(node, ACCEPTANCE_CHECKS, purpose=CheckRun.Purpose.ACCEPTANCE,
+            do_request_checks(node, acceptance_battery(node.cluster),
+                              purpose=CheckRun.Purpose.ACCEPTANCE,
                               reason="acceptance tests started", now=now)
     if rebooted and edge_events_open(node).filter(severity__in=NODE_AFFECTING).exists():
         do_request_checks(node, AFTER_REBOOT_CHECKS, purpose=CheckRun.Purpose.AFTER_REBOOT,

@@ -9,7 +9,7 @@ from common.bulk_sql import column, one_of, select, table
 from nodes.models import Gpu, Node
 from nodes.states import refresh_node_states
 
-from ..check_catalog import ACCEPTANCE_CHECKS
+from ..check_catalog import acceptance_battery
 from ..choices import NODE_AFFECTING
 from ..models import CheckRun, HealthEvent, Silence
 
@@ -79,12 +79,13 @@ def _open_problem_rows(node_ids, now):
 
 def acceptance_detail(node):
     """Where a node's acceptance battery stands: running, or which checks did not pass."""
-    latest = latest_runs(node, CheckRun.Purpose.ACCEPTANCE, ACCEPTANCE_CHECKS, node.joined_at)
+    battery = acceptance_battery(node.cluster)
+    latest = latest_runs(node, CheckRun.Purpose.ACCEPTANCE, battery, node.joined_at)
     if not latest:
         return "acceptance tests have not started"
     if any(run.status in CheckRun.UNFINISHED for run in latest.values()):
         return "running acceptance tests"
-    failed = [f"{name} {latest[name].get_status_display()}" for name in ACCEPTANCE_CHECKS
+    failed = [f"{name} {latest[name].get_status_display()}" for name in battery
               if name in latest and latest[name].status != CheckRun.Status.PASSED]
     return "acceptance tests did not pass: " + ", ".join(failed) if failed else ""
 

@@ -78,6 +78,11 @@ class FakeKubernetesApi:
                     return 415, status_json(415, "UnsupportedMediaType", content_type)
                 merge_patch(self.nodes[name], body)
                 return 200, self.nodes[name]
+        if method == "GET" and parts == ["api", "v1", "nodes"]:
+            node_list = client.V1NodeList(api_version="v1", kind="NodeList",
+                                          metadata=client.V1ListMeta(resource_version="4711"),
+                                          items=list(self.nodes.values()))
+            return 200, serialize(node_list)
         if method == "GET" and parts == ["api", "v1", "pods"]:
             selector = query.get("fieldSelector", [""])[0]
             if not selector.startswith("spec.nodeName="):
@@ -188,6 +193,17 @@ def fake_api():
     server.shutdown()
     server.server_close()
     thread.join()
+
+
+def write_kubeconfig(fake, path, token="token-for-prod"):
+    """A kubeconfig whose current context is the fake's API server."""
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "prod",
+        "clusters": [{"name": "prod", "cluster": {"server": fake.url}}],
+        "users": [{"name": "clusterui", "user": {"token": token}}],
+        "contexts": [{"name": "prod", "context": {"cluster": "prod", "user": "clusterui"}}],
+    }))
+    return path
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from schedulers.kubernetes import (
 from .kubernetes_fake import (  # noqa: F401 - fake_api and scheduler are fixtures
     NODE,
     REASON,
+    FakeKubernetesApi,
     drain_and_evict,
     eviction_path,
     fake_api,
@@ -26,6 +27,7 @@ from .kubernetes_fake import (  # noqa: F401 - fake_api and scheduler are fixtur
     scheduler,
     serialize,
     status_json,
+    write_kubeconfig,
 )
 
 
@@ -437,3 +439,19 @@ def test_from_kubeconfig_without_a_path_outside_a_cluster_raises(monkeypatch):
 
     with pytest.raises(ExecutorError, match="cannot load the Kubernetes configuration"):
         from_kubeconfig()
+
+
+def test_ping_lists_the_nodes_with_the_kubeconfigs_credentials(fake_api, tmp_path):
+    fake_api.add_node(make_node())
+    scheduler = from_kubeconfig(str(write_kubeconfig(fake_api, tmp_path / "kubeconfig")))
+    assert scheduler.ping() == "the API server answered: 1 nodes"
+    assert fake_api.requests[-1].authorization == "Bearer token-for-prod"
+
+
+def test_ping_of_an_unreachable_api_server_says_so(tmp_path):
+    nowhere = FakeKubernetesApi()
+    nowhere.url = "http://127.0.0.1:9"
+    scheduler = from_kubeconfig(str(write_kubeconfig(nowhere, tmp_path / "kubeconfig")))
+    scheduler.request_timeout_s = 2
+    with pytest.raises(ExecutorError, match="listing nodes"):
+        scheduler.ping()
