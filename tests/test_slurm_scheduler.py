@@ -187,3 +187,10 @@ def test_a_controller_that_does_not_answer_raises_after_the_time_limit(slurm, tm
 
     assert str(error.value) == "scontrol show node gpu-001 -o: no answer within 1 s"
     assert time.monotonic() - started < 5
+
+
+def test_ping_says_slurmctld_answers_and_fails_for_a_slurm_conf_that_is_not_there(slurm,
+                                                                                  tmp_path):
+    assert "UP" in SlurmScheduler(slurm_conf=slurm.slurm_conf, timeout_s=15).ping()
+    with pytest.raises(ExecutorError, match="scontrol ping"):
+        SlurmScheduler(slurm_conf=tmp_path / "slurm.conf", timeout_s=15).ping()
