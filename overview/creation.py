@@ -97,6 +97,12 @@ class ClusterCreationForm(BatteryChoice, ClusterCreateForm):
 
     review = None  # what the review shows, made by clean()
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["acceptance_tests_enabled"].help_text = (
+            f"Recommended from {settings.CLUSTERUI_ACCEPTANCE_RECOMMENDED_FROM_GPUS} GPUs, or "
+            "for long-running clusters: the review says which this one is.")
+
     def clean(self):
         cleaned = super().clean()
         if self.errors:
