@@ -24,7 +24,7 @@ from clusters import kubeaccess
 from clusters.forms import ClusterCreateForm
 from clusters.models import Cluster, KubernetesAccess
 from clusters.services import configuration_of, record_audit
-from healthchecks.check_catalog import ACCEPTANCE_CHECKS, CHECKS, baselines
+from healthchecks.check_catalog import CHECKS, acceptance_battery, baselines
 from nodes.cluster_status import refresh_cluster_statuses
 from nodes.services import do_create_maintenance_window
 from schedulers import ExecutorError, scheduler_for
@@ -116,9 +116,10 @@ class ClusterCreationForm(BatteryChoice, ClusterCreateForm):
         recommended = (review["gpus"] >= settings.CLUSTERUI_ACCEPTANCE_RECOMMENDED_FROM_GPUS
                        or cleaned.get("long_running"))
         review["acceptance_recommended"] = recommended
+        battery = acceptance_battery(Cluster(acceptance_checks=cleaned["acceptance_checks"]))
         review["battery"] = [(CHECKS[name], [b for b in baselines() if b.check == name
                                              and b.gpu_model == cleaned.get("gpu_type")])
-                             for name in cleaned["acceptance_checks"].split() or ACCEPTANCE_CHECKS]
+                             for name in battery]
         self.review = review
         return cleaned
 
