@@ -18,6 +18,16 @@ def validate_ssh_command_template(value):
                               f"{{hostname}} or {{login}}.")
 
 
+GRAFANA_PLACEHOLDER = re.compile(r"\{(node|cluster)\}")
+
+
+def validate_grafana_url_template(value):
+    unknown = re.findall(r"\{[^{}]*\}", GRAFANA_PLACEHOLDER.sub("", value))
+    if unknown:
+        raise ValidationError(f"Unknown placeholder {unknown[0]}: use {{node}} and {{cluster}}.")
+    URLValidator(schemes=["http", "https"])(GRAFANA_PLACEHOLDER.sub("x", value))
+
+
 class Cluster(models.Model):
     name = models.CharField(max_length=100, unique=True)
     slug = models.SlugField(max_length=50, unique=True)
@@ -86,6 +96,10 @@ class Cluster(models.Model):
                               editable=False)
     status_reason = models.CharField(max_length=255, blank=True, editable=False)
     status_changed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    grafana_url_template = models.CharField(
+        "Grafana URL", max_length=500, blank=True, validators=[validate_grafana_url_template],
+        help_text="A node's dashboard: {node} and {cluster} are filled in, e.g. https://grafana"
+                  ".example.com/d/dcgm?var-instance={node}. Empty: CLUSTERUI_GRAFANA_NODE_URL.")
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -108,6 +122,7 @@ class Cluster(models.Model):
         "scheduler_config",
         "ssh_login_host",
         "ssh_command_template",
+        "grafana_url_template",
     )
 
     class Meta:

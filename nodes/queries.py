@@ -154,7 +154,7 @@ def gpu_inventory_context(node):
 
 
 def grafana_url(node):
-    template = settings.CLUSTERUI_GRAFANA_NODE_URL
+    template = node.cluster.grafana_url_template or settings.CLUSTERUI_GRAFANA_NODE_URL
     return template.format(node=node.name, cluster=node.cluster.slug) if template else ""
 
 

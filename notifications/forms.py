@@ -9,6 +9,17 @@ from .models import Channel
 from .services import TIMING_FIELDS
 
 
+def rules_for(kinds, min_severity, signature_prefix):
+    """A rule per alert kind; unhealthy nodes' from `min_severity` and `signature_prefix`."""
+    rules = []
+    for kind in kinds:
+        rule = {"kind": kind, "min_severity": Severity.WARNING, "signature_prefix": ""}
+        if kind == AlertKind.NODE_UNHEALTHY:
+            rule.update(min_severity=min_severity, signature_prefix=signature_prefix)
+        rules.append(rule)
+    return rules
+
+
 class ChannelForm(forms.ModelForm):
     """A channel, its URL (write-only: left empty when editing, the stored one stays) and
     which kinds of alert it hears of."""
@@ -78,14 +89,14 @@ class ChannelForm(forms.ModelForm):
 
     def rules(self):
         """The rules as notifications.services takes them."""
-        rules = []
-        for kind in self.cleaned_data["kinds"]:
-            rule = {"kind": kind, "min_severity": Severity.WARNING, "signature_prefix": ""}
-            if kind == AlertKind.NODE_UNHEALTHY:
-                rule["min_severity"] = self.cleaned_data["min_severity"]
-                rule["signature_prefix"] = self.cleaned_data["signature_prefix"]
-            rules.append(rule)
-        return rules
+        return rules_for(self.cleaned_data["kinds"], self.cleaned_data["min_severity"],
+                         self.cleaned_data["signature_prefix"])
+
+    @classmethod
+    def default_rules(cls):
+        """The rules of a channel whose form was left as it opens."""
+        fields = cls.base_fields
+        return rules_for(fields["kinds"].initial, fields["min_severity"].initial, "")
 
     def timing(self):
         return {field: self.cleaned_data[field] for field in TIMING_FIELDS}

@@ -7,7 +7,8 @@ audited action that makes the cluster with everything chosen for it.
     OIDC for Kubernetes   issuer (its discovery document fetched), client id, groups claim;
                           the review shows the API server's flags and the role bindings
     startup scripts       examples from the library (startup.library), validated as on save
-    the rest              the SSH command, the first maintenance window
+    the rest              a first notification channel (Apprise), the SSH command, the
+                          Grafana URL, the first maintenance window
 
 Sections live in several apps; this module is where they meet (the overview layer), and
 do_create_cluster_with_setup() writes them in one transaction with one `cluster.create`
@@ -15,7 +16,9 @@ audit entry that lists every choice (the scripts and the window keep their own e
 """
 
 from datetime import timedelta
+from urllib.parse import urlsplit
 
+import apprise
 from django import forms
 from django.conf import settings
 from django.db import transaction
@@ -26,6 +29,9 @@ from clusters.models import Cluster, KubernetesAccess
 from clusters.services import configuration_of, record_audit
 from healthchecks.check_catalog import CHECKS, acceptance_battery, baselines
 from nodes.cluster_status import refresh_cluster_statuses
+from notifications.forms import ChannelForm
+from notifications.models import Channel
+from notifications.services import do_create_channel, url_hint
 from nodes.services import do_create_maintenance_window
 from schedulers import ExecutorError, scheduler_for
 from startup.library import EXAMPLES, scripts_from
@@ -57,10 +63,10 @@ SECTIONS = (
     ("startup-scripts", "Startup scripts", "Examples to start from, run by the nodes of the "
      "role shown; change them on the Startup scripts page at any time, with no rebuild.",
      ("startup_scripts",)),
-    ("the-rest", "The rest", "Notification channels and Grafana are set after creation, on "
-     "the cluster's Notifications page and in CLUSTERUI_GRAFANA_NODE_URL.",
-     ("ssh_login_host", "ssh_command_template", "window_reason", "window_starts_at",
-      "window_hours")),
+    ("the-rest", "The rest", "A first notification channel (more, and signed webhooks, on the "
+     "cluster's Notifications page), the SSH command, Grafana and a first maintenance window.",
+     ("channel_url", "ssh_login_host", "ssh_command_template", "grafana_url_template",
+      "window_reason", "window_starts_at", "window_hours")),
 )
 
 
@@ -85,6 +91,13 @@ class ClusterCreationForm(BatteryChoice, ClusterCreateForm):
     startup_scripts = forms.MultipleChoiceField(
         choices=example_choices, required=False, widget=forms.CheckboxSelectMultiple,
         label="examples")
+    channel_url = forms.CharField(
+        required=False, max_length=2000, label="notification channel",
+        widget=forms.PasswordInput(render_value=True),
+        help_text="An Apprise URL (slack://…, msteams://…, pagerduty://…, opsgenie://…, "
+                  "mailtos://…): repairs awaiting approval, failed, stuck or past their "
+                  "deadline, and the cluster degraded, go there. Kept in the secrets store. "
+                  "Empty: none yet.")
     window_reason = forms.CharField(
         required=False, max_length=300, label="first maintenance window",
         help_text="Its reason, e.g. burn-in: no repairs start and notifications wait while "
@@ -111,6 +124,9 @@ class ClusterCreationForm(BatteryChoice, ClusterCreateForm):
         self._check_scheduler(cleaned, review)
         self._check_oidc(cleaned, review)
         self._check_scripts(cleaned, review)
+        if cleaned.get("channel_url") and not apprise.Apprise().add(cleaned["channel_url"]):
+            self.add_error("channel_url", "Apprise does not understand this URL (see the "
+                                          "Apprise documentation for the service's URL form).")
         if cleaned.get("window_reason") and not cleaned.get("window_starts_at"):
             self.add_error("window_starts_at", "When does the window start?")
         recommended = (review["gpus"] >= settings.CLUSTERUI_ACCEPTANCE_RECOMMENDED_FROM_GPUS
@@ -184,6 +200,8 @@ def shown(field, value):
     """A cleaned value in words: choices by their labels, a box as yes or no."""
     if isinstance(value, bool):
         return ["yes" if value else "no"]
+    if isinstance(field.widget, forms.PasswordInput) and value:
+        return [url_hint(Channel.Kind.APPRISE, value)]  # a secret: its scheme only
     if isinstance(field, BatteryField) and not value:
         value = list(field.when_empty)
     if value in (None, "", []):
@@ -234,6 +252,10 @@ def do_create_cluster_with_setup(form, *, actor, request=None):
         do_save_startup_script(cluster, event=event, role=role, body=body,
                                timeout_s=DEFAULT_TIMEOUT_S, validation=validate_body(body),
                                actor=actor, request=request)
+    if data.get("channel_url"):
+        do_create_channel(cluster, name=f"{urlsplit(data['channel_url']).scheme} alerts",
+                          kind=Channel.Kind.APPRISE, url=data["channel_url"],
+                          rules=ChannelForm.default_rules(), actor=actor, request=request)
     if data.get("window_reason"):
         starts_at = data["window_starts_at"]
         ends_at = starts_at + timedelta(hours=data["window_hours"]) if data["window_hours"] else None

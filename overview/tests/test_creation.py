@@ -90,11 +90,30 @@ def test_change_comes_back_to_the_page_with_every_choice(client_for, admin):
     assert b'value="train-h200"' in response.content
 
 
+SLACK = "slack://T1JJ3T3L2/A1BRTD4JD/TIiajkdnlazkcOXrIdevi7FQ"
+
+
+def test_the_channel_url_is_a_secret_on_the_review(client_for, admin):
+    text = client_for(admin).post(URL, {**CHOICES, "channel_url": SLACK,
+                                         "step": "review"}).content.decode()
+    assert "slack://…" in text
+    assert text.count("TIiajkdnlazkcOXrIdevi7FQ") == 1  # the hidden field Create posts back
+    refused = client_for(admin).post(URL, {**CHOICES, "channel_url": "nonsense://x",
+                                            "step": "review"})
+    assert refused.status_code == 400 and b"Apprise does not understand" in refused.content
+
+
 def test_create_makes_everything_in_one_audited_action(client_for, admin):
+    from notifications.models import Channel
+    from nodes.queries import grafana_url
+    from nodes.tests.factories import NodeFactory
+
     starts = (timezone.now() + timedelta(days=1)).replace(second=0, microsecond=0)
     response = client_for(admin).post(URL, {
         **CHOICES, "window_reason": "burn-in", "window_starts_at": starts.strftime("%Y-%m-%dT%H:%M"),
-        "window_hours": 48, "step": "create"})
+        "window_hours": 48, "channel_url": SLACK,
+        "grafana_url_template": "https://grafana.example.com/d/dcgm?var-instance={node}",
+        "step": "create"})
 
     cluster = Cluster.objects.get(slug="train-h200")
     assert response.status_code == 302
@@ -108,6 +127,13 @@ def test_create_makes_everything_in_one_audited_action(client_for, admin):
     assert window.reason == "burn-in" and window.ends_at - window.starts_at == timedelta(hours=48)
     (entry,) = AuditEntry.objects.filter(action="cluster.create")
     assert entry.changes["planned_nodes"] == 32 and entry.changes["after"]["acceptance_checks"]
+    channel = Channel.objects.get(cluster=cluster)
+    assert channel.name == "slack alerts" and channel.url_hint == "slack://…"
+    assert {rule.kind for rule in channel.rules.all()} >= {"repair_awaiting_approval",
+                                                           "cluster_degraded"}
+    assert "TIiajkdnlazkcOXrIdevi7FQ" not in str(list(AuditEntry.objects.values("changes")))
+    node = NodeFactory(cluster=cluster, name="gpu-001")
+    assert grafana_url(node) == "https://grafana.example.com/d/dcgm?var-instance=gpu-001"
 
 
 def test_a_scheduler_it_cannot_reach_is_refused_on_review(client_for, admin, tmp_path):
