@@ -7,24 +7,26 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
-# The placeholders of Cluster.ssh_command_template (nodes/queries.py ssh_command fills them).
+# The placeholders of Cluster.ssh_command_template (nodes/queries.py ssh_command fills them)
+# and of Cluster.grafana_url_template (nodes/queries.py grafana_url).
 SSH_PLACEHOLDER = re.compile(r"\{(user|node|hostname|login)\}")
-
-
-def validate_ssh_command_template(value):
-    unknown = re.findall(r"\{[^{}]*\}", SSH_PLACEHOLDER.sub("", value))
-    if unknown:
-        raise ValidationError(f"Unknown placeholder {unknown[0]}: use {{user}}, {{node}}, "
-                              f"{{hostname}} or {{login}}.")
-
-
 GRAFANA_PLACEHOLDER = re.compile(r"\{(node|cluster)\}")
 
 
-def validate_grafana_url_template(value):
-    unknown = re.findall(r"\{[^{}]*\}", GRAFANA_PLACEHOLDER.sub("", value))
+def refuse_unknown_placeholders(value, known, names):
+    """ValidationError naming the first {placeholder} of `value` that `known` does not match."""
+    unknown = re.findall(r"\{[^{}]*\}", known.sub("", value))
     if unknown:
-        raise ValidationError(f"Unknown placeholder {unknown[0]}: use {{node}} and {{cluster}}.")
+        raise ValidationError(f"Unknown placeholder {unknown[0]}: use {names}.")
+
+
+def validate_ssh_command_template(value):
+    refuse_unknown_placeholders(value, SSH_PLACEHOLDER,
+                                "{user}, {node}, {hostname} or {login}")
+
+
+def validate_grafana_url_template(value):
+    refuse_unknown_placeholders(value, GRAFANA_PLACEHOLDER, "{node} and {cluster}")
     URLValidator(schemes=["http", "https"])(GRAFANA_PLACEHOLDER.sub("x", value))
 
 
