@@ -5,6 +5,7 @@ Called where those facts change: a node's state (nodes.states), a node removed, 
 maintenance window created or ended, the cluster's settings saved; and every 10 s by the
 beat (refresh-node-states), for windows that start or end with the clock."""
 
+from django.db import transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
@@ -53,3 +54,17 @@ def refresh_cluster_statuses(cluster_ids=None, *, actor=None, now=None):
     now = now or timezone.now()
     return {cluster_id for cluster_id, facts in read_cluster_facts(cluster_ids, now).items()
             if refresh_cluster_status(cluster_id, facts, actor=actor, now=now)}
+
+
+def refresh_cluster_statuses_after_commit(cluster_ids, *, actor=None, now=None):
+    """refresh_cluster_statuses once the caller's transaction commits (at once outside one).
+
+    For the hot paths, a join or an event batch: every node of a cluster shares the
+    cluster's row, and a status written inside a join's transaction keeps it locked until
+    that join commits, so that concurrent joins take turns (while a cluster is accepting,
+    each join changes its "n of N joined"). Written after, each lock lasts one statement,
+    and the facts read include the caller's own changes. A refresh that fails is logged,
+    and the beat's refresh (every 10 s) puts it right."""
+    cluster_ids = set(cluster_ids)
+    transaction.on_commit(
+        lambda: refresh_cluster_statuses(cluster_ids, actor=actor, now=now), robust=True)

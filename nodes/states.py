@@ -29,7 +29,8 @@ from clusters.services import actor_name
 from common.bulk_sql import update_rows
 
 from .choices import OUT_OF_SERVICE, NodeState
-from .cluster_status import refresh_cluster_statuses
+from .cluster_status import (refresh_cluster_statuses,
+                             refresh_cluster_statuses_after_commit)
 from .models import Node, NodeTransition
 
 @dataclass(frozen=True)
@@ -151,7 +152,8 @@ def refresh_node_states(facts_of_node, *, actor=None, reasons=None, now=None):
         record_changes(Kind.NODE_STATE, [(node.cluster_id, node.pk, "") for node in changed],
                        now=now)
         if changed:
-            refresh_cluster_statuses({node.cluster_id for node in changed}, actor=actor, now=now)
+            refresh_cluster_statuses_after_commit({node.cluster_id for node in changed},
+                                                  actor=actor, now=now)
     return {node.pk for node in changed}
 
 

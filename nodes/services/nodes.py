@@ -13,7 +13,8 @@ from clusters.models import Cluster
 from clusters.services import record_audit
 
 from ..choices import NodeRole
-from ..cluster_status import refresh_cluster_statuses
+from ..cluster_status import (refresh_cluster_statuses,
+                              refresh_cluster_statuses_after_commit)
 from ..inventory import hello_digest, hello_gpu
 from ..models import AgentEventReceipt, AgentToken, Gpu, Node
 from ..states import refresh_node_state
@@ -67,7 +68,7 @@ def do_record_hello(node: Node, *, boot_id, agent_version="", gpus=(), slurm=Non
     if node.last_hello_at is None and not changed:
         # Its first hello joins it to the cluster, though a node awaiting acceptance stays
         # pending: the cluster is then accepting, no longer provisioning.
-        refresh_cluster_statuses([node.cluster_id], now=now)
+        refresh_cluster_statuses_after_commit([node.cluster_id], now=now)
     node.refresh_from_db()
     return node
 

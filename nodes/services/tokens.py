@@ -86,7 +86,11 @@ def use_join_token(token, *, now):
     settings page shows it), and a single-use one is spent now. False when another hello
     spent it first (the caller refuses this one)."""
     if not token.single_use:
-        AgentToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        # A thousand nodes may join with this token at once. Noted inside each join's
+        # transaction, its row would stay locked until that join commits, and the joins
+        # would take turns; noted after, each lock lasts one statement.
+        transaction.on_commit(lambda: AgentToken.objects.filter(pk=token.pk).update(
+            last_used_at=now), robust=True)
         return True
     return AgentToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
         revoked_at=now, last_used_at=now) == 1

@@ -31,7 +31,7 @@ def timeline(cluster):
                 .values_list("from_status", "to_status"))
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # written once the node's change commits
 def test_a_new_cluster_is_provisioning_until_a_node_joins(cluster):
     registered = NodeFactory(cluster=cluster, state=NodeState.PENDING, last_hello_at=None)
     refresh_cluster_statuses([cluster.pk])
@@ -45,7 +45,7 @@ def test_a_new_cluster_is_provisioning_until_a_node_joins(cluster):
     assert timeline(cluster) == [(Status.PROVISIONING, Status.READY)]
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # written once the node's change commits
 def test_acceptance_holds_the_cluster_until_every_joined_node_passed_or_was_paused(
         cluster, operator):
     cluster.acceptance_tests_enabled = True
@@ -113,7 +113,7 @@ def test_a_window_that_starts_later_pauses_the_cluster_on_the_beats_refresh(clus
     assert status_of(cluster)[0] == Status.PAUSED
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # written once the node's change commits
 def test_degraded_follows_the_threshold_and_removing_nodes_refreshes_it(cluster, operator, admin):
     nodes = [NodeFactory(cluster=cluster) for _ in range(5)]
     do_pause_node(nodes[0], actor=operator, reason="cabling")
@@ -144,7 +144,7 @@ def test_a_refresh_that_changes_nothing_writes_nothing(cluster, django_assert_nu
     assert len(timeline(cluster)) == 1
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # written once the node's change commits
 def test_a_first_hello_that_leaves_the_node_pending_makes_the_cluster_accepting(cluster):
     from nodes.services import do_record_hello, do_register_node
 
