@@ -180,7 +180,17 @@ def element_screenshot(locator, name):
     ARTIFACTS.mkdir(exist_ok=True)
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "element"
     path = ARTIFACTS / f"{safe}.png"
-    locator.screenshot(path=str(path))
+    from playwright.sync_api import Error as PlaywrightError
+
+    for attempts_left in (2, 1, 0):
+        try:
+            locator.screenshot(path=str(path))
+            break
+        except PlaywrightError as error:
+            # A live refresh (static/js/refresh.js fetches once the socket opens) replaced
+            # the element while it was photographed; the locator finds the new one.
+            if "not attached to the DOM" not in str(error) or not attempts_left:
+                raise
     return path
 
 
