@@ -21,7 +21,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from clusters.change_feed import Kind, record_change
+from clusters.change_feed import Kind, record_changes
 
 
 @dataclass(frozen=True)
@@ -45,25 +45,19 @@ class WorkKind:
 def queue_work(kind, work, now=None):
     """Once the queuing transaction commits, the publisher offers `work` to the node's
     agent connection (in the caller's transaction)."""
-    record_change(Kind.AGENT_WORK, cluster_id=work.node.cluster_id, node_id=work.node_id,
-                  object_id=f"{kind.name}:{work.pk}", now=now)
+    queue_works(kind, [work], now=now)
+
+
+def queue_works(kind, works, now=None):
+    """queue_work() of several pieces of work: one statement."""
+    record_changes(Kind.AGENT_WORK, [(work.node.cluster_id, work.node_id,
+                                      f"{kind.name}:{work.pk}") for work in works], now=now)
 
 
 def parse_offer(object_id):
     """(kind name, work id) of an AGENT_WORK change's object_id."""
     name, _, pk = object_id.partition(":")
     return name, int(pk)
-
-
-def do_mark_sent(kind, node_id, work_id, now: datetime | None = None) -> dict | None:
-    """The work's frame, marked as handed to the agent's connection; None when it is
-    answered or finished, past its deadline, or not this node's."""
-    now = now or timezone.now()
-    sendable = kind.model.objects.filter(pk=work_id, node_id=node_id,
-                                         status__in=kind.unanswered, deadline_at__gt=now)
-    if not sendable.update(status=kind.sent, sent_at=now):
-        return None
-    return kind.frame(kind.model.objects.get(pk=work_id))
 
 
 def unanswered_ids(kind, node_id):
@@ -73,9 +67,22 @@ def unanswered_ids(kind, node_id):
 
 
 def frames_for(kind, node_id, work_ids, now=None):
-    """Frames to send on the node's connection for these ids, each marked as sent."""
-    frames = (do_mark_sent(kind, node_id, work_id, now=now) for work_id in work_ids)
-    return [frame for frame in frames if frame is not None]
+    """Frames to send on the node's connection for these ids, in their order, each marked as
+    sent; none for work answered or finished, past its deadline, or not this node's. Three
+    statements however many (an acceptance battery after a join is several)."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        sendable = list(kind.model.objects.select_for_update().filter(
+            pk__in=list(work_ids), node_id=node_id, status__in=kind.unanswered,
+            deadline_at__gt=now))
+        kind.model.objects.filter(pk__in=[work.pk for work in sendable]).update(
+            status=kind.sent, sent_at=now)
+    order = {work_id: position for position, work_id in enumerate(work_ids)}
+    frames = []
+    for work in sorted(sendable, key=lambda work: order[work.pk]):
+        work.status, work.sent_at = kind.sent, now
+        frames.append(kind.frame(work))
+    return frames
 
 
 def frames_after_hello(kinds, node_id, now=None):

@@ -8,7 +8,7 @@ from django.db import models, transaction
 from django.http import HttpRequest
 from django.utils import timezone
 
-from clusters.change_feed import Kind, record_change
+from clusters.change_feed import Kind, record_changes
 from clusters.services import record_audit
 from nodes import agent_work
 from nodes.models import Node
@@ -49,53 +49,66 @@ CHECK_RUNS = agent_work.WorkKind(
 
 
 def announce_run_change(run):
-    record_change(Kind.CHECK_RUN, cluster_id=run.node.cluster_id, node_id=run.node_id,
-                  object_id=run.pk)
+    announce_run_changes([run])
 
 
-@transaction.atomic
+def announce_run_changes(runs):
+    record_changes(Kind.CHECK_RUN, [(run.node.cluster_id, run.node_id, run.pk) for run in runs])
+
+
 def do_request_check(node: Node, check_name, *, purpose=CheckRun.Purpose.ON_DEMAND,
                      actor: AbstractBaseUser | None = None, request: HttpRequest | None = None,
                      reason="", now: datetime | None = None) -> tuple[CheckRun, bool]:
-    """Ask the node's agent to run a check. Returns (run, created): while the same check is
-    still unfinished on the node for the same purpose, that run is returned and no second
-    one starts (a double click, two operators)."""
-    if check_name not in CHECKS:
-        raise ValueError(f"unknown check {check_name!r}")
-    now = now or timezone.now()
-    node = type(node).objects.select_for_update(no_key=True).get(pk=node.pk)
-    running = CheckRun.objects.unfinished().filter(
-        node=node, check_name=check_name, purpose=purpose).first()
-    if running is not None:
-        return running, False
-    inventory = node.gpus.in_inventory()
-    models = set(inventory.values_list("name", flat=True))
-    run = CheckRun.objects.create(
-        node=node, check_name=check_name, purpose=purpose, requested_by=actor,
-        params=params_for(check_name, models, inventory.count()), requested_at=now,
-        boot_id=node.boot_id, deadline_at=now + timedelta(seconds=CHECKS[check_name].deadline_s),
-    )
-    if actor is not None:
-        record_audit(actor, "checkrun.request", run, cluster=node.cluster, request=request,
-                     changes={"node": node.name, "check": check_name, "purpose": purpose},
-                     now=now)
-    agent_work.queue_work(CHECK_RUNS, run, now=now)
-    announce_run_change(run)
-    if purpose != CheckRun.Purpose.ON_DEMAND:  # acceptance and post-reboot runs hold the node
-        refresh_health_facts(node, reason=reason, now=now)
-    return run, True
+    """Ask the node's agent to run a check. Returns (run, created) as do_request_checks."""
+    [requested] = do_request_checks(node, [check_name], purpose=purpose, actor=actor,
+                                    request=request, reason=reason, now=now)
+    return requested
 
 
+@transaction.atomic
 def do_request_checks(node: Node, check_names, *, purpose, actor: AbstractBaseUser | None = None,
                       request: HttpRequest | None = None, reason="",
                       now: datetime | None = None) -> list[tuple[CheckRun, bool]]:
-    """Several checks at once (a battery); the agent runs them one after another.
-    Returns [(run, created)] as do_request_check does."""
-    return [
-        do_request_check(node, name, purpose=purpose, actor=actor, request=request,
-                         reason=reason, now=now)
-        for name in check_names
-    ]
+    """Ask the node's agent to run checks: one, or a battery it runs one after another.
+    Returns [(run, created)], one per name: while the same check is still unfinished on the
+    node for the same purpose, that run is returned and no second one starts (a double
+    click, two operators). A battery is one lock, one insert and one state refresh: every
+    node of a new cluster asks for one as it joins."""
+    unknown = [name for name in check_names if name not in CHECKS]
+    if unknown:
+        raise ValueError(f"unknown check {unknown[0]!r}")
+    now = now or timezone.now()
+    node = type(node).objects.select_for_update(no_key=True).get(pk=node.pk)
+    unfinished = {}
+    for run in CheckRun.objects.unfinished().filter(
+            node=node, check_name__in=check_names, purpose=purpose).order_by("pk"):
+        unfinished.setdefault(run.check_name, run)
+    gpu_models = list(node.gpus.in_inventory().values_list("name", flat=True))
+    new_runs = [
+        CheckRun(node=node, check_name=name, purpose=purpose, requested_by=actor,
+                 params=params_for(name, set(gpu_models), len(gpu_models)), requested_at=now,
+                 boot_id=node.boot_id, deadline_at=now + timedelta(seconds=CHECKS[name].deadline_s))
+        for name in dict.fromkeys(check_names) if name not in unfinished]
+    CheckRun.objects.bulk_create(new_runs)
+    for run in new_runs:
+        if actor is not None:
+            record_audit(actor, "checkrun.request", run, cluster=node.cluster, request=request,
+                         changes={"node": node.name, "check": run.check_name,
+                                  "purpose": purpose}, now=now)
+    agent_work.queue_works(CHECK_RUNS, new_runs, now=now)
+    announce_run_changes(new_runs)
+    # Acceptance and post-reboot runs hold the node.
+    if new_runs and purpose != CheckRun.Purpose.ON_DEMAND:
+        refresh_health_facts(node, reason=reason, now=now)
+    created = {run.check_name: run for run in new_runs}
+    requested = []
+    for name in check_names:
+        if name in created:
+            requested.append((created.pop(name), True))
+            unfinished[name] = requested[-1][0]
+        else:
+            requested.append((unfinished[name], False))
+    return requested
 
 
 @transaction.atomic

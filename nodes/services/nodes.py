@@ -26,7 +26,11 @@ def do_register_node(cluster: Cluster, name: str, *, hostname="",
     now = now or timezone.now()
     node = Node(cluster=cluster, name=name, hostname=hostname or name, joined_at=now,
                 acceptance_required=cluster.acceptance_tests_enabled)
-    node.full_clean(exclude=["state"])
+    # The name's own checks; not the two reads for the cluster and the name's uniqueness:
+    # the cluster is at hand, and the joins that call this looked the name up already
+    # (the database's constraint refuses the loser of a race).
+    node.full_clean(exclude=["state", "cluster"], validate_unique=False,
+                    validate_constraints=False)
     node.save()
     refresh_node_state(node, actor=actor, reason="registered", now=now)
     node.refresh_from_db()

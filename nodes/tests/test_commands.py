@@ -38,7 +38,9 @@ def node(cluster):
 
 
 def do_mark_command_sent(node_id, command_id, now=None):
-    return agent_work.do_mark_sent(COMMANDS, node_id, command_id, now=now)
+    """The command's frame, marked as sent; None when it is not sendable."""
+    frames = agent_work.frames_for(COMMANDS, node_id, [command_id], now=now)
+    return frames[0] if frames else None
 
 
 def expire_commands(now=None):
