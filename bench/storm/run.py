@@ -71,6 +71,8 @@ WORKERS = ("server", "worker", "sweeps", "recommend")
 PACE_EVERY_S = 0.005
 CONNECT_TIMEOUT_S = 10.0  # websockets' default open timeout, as the agent connects
 ACK_GRACE_S = 3.0  # after a step: acks still in flight count for it
+METRICS_TOKEN = "bench-storm-metrics"
+ACK_HISTOGRAM = "clusterui_gateway_event_ack_seconds"
 
 
 def next_storm_key(open_keys, gpu_count, rng, new_share, clear_share):
@@ -257,7 +259,7 @@ class Processes:
     driver on core 1."""
 
     def __init__(self, workdir, server="daphne"):
-        env = {**os.environ, "LOG_LEVEL": "WARNING"}
+        env = {**os.environ, "LOG_LEVEL": "WARNING", "CLUSTERUI_METRICS_TOKEN": METRICS_TOKEN}
         self.port = ingest.free_port()
         self.workdir = workdir
         specs = {
@@ -363,6 +365,39 @@ def queue_depth_reader():
     return sqlite_depths
 
 
+def server_ack_buckets(port):
+    """{le: count} of the serving process's own ack histogram (gateway/series.py: from an
+    event frame's arrival to its ack), read from its /metrics; `?cluster=` keeps a web
+    process to the series of no cluster."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics?cluster=",
+                                     headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        text = response.read().decode()
+    return {float(sample.labels["le"]): sample.value
+            for family in text_string_to_metric_families(text) if family.name == ACK_HISTOGRAM
+            for sample in family.samples if sample.name == f"{ACK_HISTOGRAM}_bucket"}
+
+
+def server_ack_figures(before, after):
+    """What the server itself timed over a step, from two readings of its histogram: the
+    events acked, the bucket bound under which half and 99 % of them fall, and the share
+    within 1 s. It starts at the frame's arrival in the server's loop, so time a frame waits
+    in the socket's buffers for a busy loop is not in it (the driver's figures hold that)."""
+    counts = {le: after[le] - before.get(le, 0) for le in sorted(after)}
+    total = counts.get(float("inf"), 0)
+    if not total:
+        return {"acked": 0}
+
+    def bound(share):
+        le = next(le for le, count in counts.items() if count >= share * total)
+        return "over 10 s" if le == float("inf") else f"<= {ms(le)} ms"
+
+    return {"acked": int(total), "p50": bound(0.5), "p99": bound(0.99),
+            "within_1s_pct": round(100 * counts[1.0] / total, 1)}
+
+
 def ms(seconds):
     """Milliseconds; None where the rank fell on an event never acked."""
     return None if seconds is None or seconds == float("inf") else round(seconds * 1000)
@@ -377,6 +412,7 @@ async def measure_rate(rate, args, pacer, processes, queue_depth):
         spy = ingest.start_profile(SimpleNamespace(procs=[processes.procs["server"]]),
                                    args.server, rate, processes.workdir)
     t0, cpu0 = time.time(), {name: processes.cpu_s(name) for name in WORKERS}
+    buckets0 = await asyncio.to_thread(server_ack_buckets, processes.port)
     skipped0, errors0 = tracker.skipped, Counter(tracker.errors)
     deepest = Counter()
     with open(processes.workdir / "database-activity.log", "a") as activity_log:
@@ -392,6 +428,7 @@ async def measure_rate(rate, args, pacer, processes, queue_depth):
     if spy is not None:
         ingest.finish_profile(spy, processes.workdir)
     await asyncio.sleep(ACK_GRACE_S)
+    buckets1 = await asyncio.to_thread(server_ack_buckets, processes.port)
     window = [event_id for event_id, at in tracker.sent.items() if t0 <= at < t1]
     latencies = sorted(tracker.acked[event_id] - tracker.sent[event_id]
                        for event_id in window if event_id in tracker.acked)
@@ -405,6 +442,7 @@ async def measure_rate(rate, args, pacer, processes, queue_depth):
         "ack_p50_ms": ms(percentile(ranked, 50)) if ranked else None,
         "ack_p99_ms": ms(percentile(ranked, 99)) if ranked else None,
         "ack_max_ms": ms(latencies[-1]) if latencies else None,
+        "server_ack": server_ack_figures(buckets0, buckets1),
         "deepest_queue": dict(deepest),
         "errors": dict(tracker.errors - errors0),
         "server_cpu_pct": round(100 * (cpu1["server"] - cpu0["server"]) / (t1 - t0)),
@@ -589,19 +627,24 @@ def node_ids():
 def step_line(s):
     return (f"{s['rate']:>5} events/s: acked {s['acked']}/{s['offered']} ({s['acked_pct']} %), "
             f"ack p50 {s['ack_p50_ms']} ms p99 {s['ack_p99_ms']} ms max {s['ack_max_ms']} ms, "
+            f"as the server timed them {json.dumps(s['server_ack'])}, "
             f"deepest queue {s['deepest_queue']}, errors {s['errors']}, "
             f"server {s['server_cpu_pct']} % worker {s['worker_cpu_pct']} % sweeps "
             f"{s['sweeps_cpu_pct']} % recommender {s['recommend_cpu_pct']} %, load {s['load']}")
 
 
 def table(steps):
-    lines = ["| events/s | acked/offered | ack p50 | ack p99 | deepest queue | server CPU | "
-             "worker CPU | sweeps CPU | recommender CPU |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| events/s | acked/offered | ack p50 | ack p99 | the server's own p50 / p99 "
+             "(within 1 s) | deepest queue | server CPU | worker CPU | sweeps CPU | "
+             "recommender CPU |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in steps:
         deepest = max(s["deepest_queue"].values(), default=0)
+        server = s["server_ack"]
+        own = (f"{server['p50']} / {server['p99']} ({server['within_1s_pct']} %)"
+               if server["acked"] else "-")
         lines.append(f"| {s['rate']} | {s['acked']}/{s['offered']} ({s['acked_pct']} %) | "
-                     f"{s['ack_p50_ms']} ms | {s['ack_p99_ms']} ms | {deepest} | "
+                     f"{s['ack_p50_ms']} ms | {s['ack_p99_ms']} ms | {own} | {deepest} | "
                      f"{s['server_cpu_pct']} % | {s['worker_cpu_pct']} % | "
                      f"{s['sweeps_cpu_pct']} % | {s['recommend_cpu_pct']} % |")
     return "\n".join(lines)
