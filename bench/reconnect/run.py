@@ -1,7 +1,7 @@
 """The reconnect benchmark: a server restart drops every agent connection at once; how long
 until all are welcomed again? Then a thousand new nodes join at once.
 
-    bench/reconnect/run.sh [--nodes 4000] [--sample-hz 1] [--join 1000]
+    bench/reconnect/run.sh [--nodes 4000] [--sample-hz 1] [--join 1000] [--acceptance]
 
 Production mode (bench/reconnect/run.sh: a throwaway PostgreSQL and Redis), one daphne on
 core 0; this driver on core 1 holds every node's agent connection (bench/storm/run.py's
@@ -70,12 +70,17 @@ class ReconnectingAgent(storm.StormAgent):
             attempt += 1
 
 
-def issue_join_token():
-    """A join token of the bench cluster (bench/storm/run.py prepared Django)."""
+def issue_join_token(acceptance):
+    """A join token of the bench cluster (bench/storm/run.py prepared Django); with
+    `acceptance`, the cluster runs its acceptance battery on the nodes that join (a new
+    cluster powering on): each join also asks for the battery's checks, which the bench's
+    agents leave unanswered, so they stay pending."""
     from clusters.models import Cluster
     from nodes.services import do_issue_join_token
 
-    return do_issue_join_token(Cluster.objects.get(slug=storm.SLUG))[1]
+    cluster = Cluster.objects.get(slug=storm.SLUG)
+    Cluster.objects.filter(pk=cluster.pk).update(acceptance_tests_enabled=acceptance)
+    return do_issue_join_token(cluster)[1]
 
 
 async def join_storm(url, join_token, count, node_metrics):
@@ -229,6 +234,8 @@ def main():
     parser.add_argument("--settle-s", type=float, default=10.0)
     parser.add_argument("--join", type=int, default=1000,
                         help="new nodes that join at once after the reconnect (0: none)")
+    parser.add_argument("--acceptance", action="store_true",
+                        help="the joining nodes run the cluster's acceptance battery")
     parser.add_argument("--limit-s", type=float, default=180.0,
                         help="after the restart, at most this long for the agents to come back")
     args = parser.parse_args()
@@ -239,10 +246,12 @@ def main():
                     str(args.nodes), "--out", str(fleet_path)], cwd=REPO, check=True,
                    timeout=600)
     fleet = storm.prepare(fleet_path, join=0)
-    figures = asyncio.run(run(args, fleet, ingest.free_port(), workdir, issue_join_token()))
+    join_token = issue_join_token(args.acceptance)
+    figures = asyncio.run(run(args, fleet, ingest.free_port(), workdir, join_token))
     print()
     print(f"reconnect bench, {datetime.date.today()}, {os.cpu_count()} cores, production "
-          f"mode, {args.server} x1, {args.nodes} nodes, samples at {args.sample_hz:g} Hz")
+          f"mode, {args.server} x1, {args.nodes} nodes, samples at {args.sample_hz:g} Hz"
+          f"{', the joins run acceptance' if args.acceptance else ''}")
     print(" ".join(sys.argv))
     print(json.dumps(figures))
     (workdir / "results.json").write_text(json.dumps({"argv": sys.argv, **figures}, indent=1))
