@@ -397,7 +397,7 @@ if EMBEDDED:
 else:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "clusterui.channel_layer.RedisChannelLayer",
             # channels-redis waits up to 5 s in Redis for a message; redis-py's own socket
             # timeout (5 s by default) must be longer, or an idle consumer's receive fails.
             "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 10}]},

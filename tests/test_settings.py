@@ -35,7 +35,7 @@ def test_a_complete_production_configuration_loads():
     result = load_settings(**GOOD)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["django.db.backends.postgresql",
-                                     "channels_redis.core.RedisChannelLayer"]
+                                     "clusterui.channel_layer.RedisChannelLayer"]
 
 
 @pytest.mark.parametrize("missing", ["SECRET_KEY", "ALLOWED_HOSTS", "DATABASE_URL", "REDIS_URL"])
