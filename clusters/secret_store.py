@@ -133,6 +133,21 @@ def value_of(name):
     return None if secret is None else _opened(secret, fernet())
 
 
+def seal(value: str) -> str:
+    """`value` encrypted under the store's keys, for a page to carry from one step of a form
+    to the next without holding the value itself in its HTML (the creation page's review)."""
+    return fernet().encrypt(value.encode()).decode()
+
+
+def unseal(token: str, *, max_age_s: int) -> str | None:
+    """What seal() sealed, or None when `token` is not one of its tokens, or is older than
+    max_age_s."""
+    try:
+        return fernet().decrypt(token.encode(), ttl=max_age_s).decode()
+    except InvalidToken:
+        return None
+
+
 def masked(text, values):
     """`text` with each secret value in it replaced by <secret NAME>."""
     for name, value in sorted(values.items(), key=lambda item: -len(item[1])):

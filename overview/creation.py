@@ -38,7 +38,7 @@ from startup.library import EXAMPLES, scripts_from
 from startup.models import DEFAULT_TIMEOUT_S
 from startup.services import do_save_startup_script, validate_body
 
-from .forms import BatteryChoice, BatteryField
+from .forms import BatteryChoice, BatteryField, SealedSecretField
 
 ACCEPTANCE_TRADE_OFF = (
     "Off: a node takes work as soon as its agent says hello: the fastest to available, "
@@ -91,9 +91,8 @@ class ClusterCreationForm(BatteryChoice, ClusterCreateForm):
     startup_scripts = forms.MultipleChoiceField(
         choices=example_choices, required=False, widget=forms.CheckboxSelectMultiple,
         label="examples")
-    channel_url = forms.CharField(
+    channel_url = SealedSecretField(
         required=False, max_length=2000, label="notification channel",
-        widget=forms.PasswordInput(render_value=True),
         help_text="An Apprise URL (slack://…, msteams://…, pagerduty://…, opsgenie://…, "
                   "mailtos://…): repairs awaiting approval, failed, stuck or past their "
                   "deadline, and the cluster degraded, go there. Kept in the secrets store. "

@@ -1,6 +1,7 @@
 from django import forms
 
 from clusters.forms import ClusterSettingsForm
+from clusters.secret_store import SecretsUnavailable, seal, unseal
 from healthchecks.check_catalog import ACCEPTANCE_CHECKS, CHECKS
 from nodes.choices import NodeState
 
@@ -13,6 +14,69 @@ class TimelineFilterForm(forms.Form):
     routine = forms.BooleanField(required=False, label="routine too",
                                  help_text="registrations, first boots, boot windows ending")
     page = forms.IntegerField(required=False, min_value=1)
+
+
+SEALED = "sealed:"
+
+
+def sealed(value):
+    """A secret the admin typed, as the page carries it: sealed (clusters.secret_store.seal),
+    or nothing when the store has no key (the field's error says so)."""
+    if not value or str(value).startswith(SEALED):
+        return value
+    try:
+        return SEALED + seal(str(value))
+    except SecretsUnavailable:
+        return ""
+
+
+class SealedPasswordInput(forms.PasswordInput):
+    def __init__(self, attrs=None):
+        super().__init__(attrs, render_value=True)
+
+    def format_value(self, value):
+        return super().format_value(sealed(value))
+
+
+class SealedHiddenInput(forms.HiddenInput):
+    def format_value(self, value):
+        return super().format_value(sealed(value))
+
+
+class SealedSecretField(forms.CharField):
+    """A secret typed on one step of a multi-step page and used on a later one (the creation
+    page's notification channel URL): the page shows it back, and posts it on, only sealed,
+    so its HTML never holds it. A sealed value older than MAX_AGE_S, or changed, is refused."""
+
+    widget = SealedPasswordInput
+    hidden_widget = SealedHiddenInput
+    MAX_AGE_S = 24 * 3600
+
+    def to_python(self, value):
+        value = super().to_python(value)
+        if not value.startswith(SEALED):
+            return value
+        try:
+            opened = unseal(value.removeprefix(SEALED), max_age_s=self.MAX_AGE_S)
+        except SecretsUnavailable as exc:
+            raise forms.ValidationError(str(exc)) from None
+        if opened is None:
+            raise forms.ValidationError("This page was open for over a day, or the value was "
+                                        "changed: enter it again.")
+        return opened
+
+    def widget_attrs(self, widget):
+        attrs = super().widget_attrs(widget)
+        attrs.pop("maxlength", None)  # a sealed value is longer than the value: checked here
+        return attrs
+
+    def validate(self, value):
+        super().validate(value)
+        if value:
+            try:
+                seal(value)
+            except SecretsUnavailable as exc:
+                raise forms.ValidationError(str(exc)) from None
 
 
 def battery_choices():

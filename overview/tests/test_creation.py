@@ -93,14 +93,46 @@ def test_change_comes_back_to_the_page_with_every_choice(client_for, admin):
 SLACK = "slack://T1JJ3T3L2/A1BRTD4JD/TIiajkdnlazkcOXrIdevi7FQ"
 
 
+def posted_channel_url(response):
+    """The channel_url the page posts on (the review's hidden field, the page's own input)."""
+    import re
+
+    return re.search(r'name="channel_url" value="([^"]*)"', response.content.decode()).group(1)
+
+
 def test_the_channel_url_is_a_secret_on_the_review(client_for, admin):
-    text = client_for(admin).post(URL, {**CHOICES, "channel_url": SLACK,
-                                         "step": "review"}).content.decode()
-    assert "slack://…" in text
-    assert text.count("TIiajkdnlazkcOXrIdevi7FQ") == 1  # the hidden field Create posts back
-    refused = client_for(admin).post(URL, {**CHOICES, "channel_url": "nonsense://x",
-                                            "step": "review"})
+    from clusters.secret_store import value_of
+    from notifications.models import Channel
+
+    client = client_for(admin)
+    review = client.post(URL, {**CHOICES, "channel_url": SLACK, "step": "review"})
+    assert "slack://…" in review.content.decode()
+    assert "TIiajkdnlazkcOXrIdevi7FQ" not in review.content.decode()
+    sealed = posted_channel_url(review)
+    assert sealed.startswith("sealed:")
+
+    # "Change", then the review again: the page holds it sealed on the way, never in clear.
+    change = client.post(URL, {**CHOICES, "channel_url": sealed, "step": "edit"})
+    assert b"TIiajkdnlazkcOXrIdevi7FQ" not in change.content
+    again = client.post(URL, {**CHOICES, "channel_url": posted_channel_url(change),
+                              "step": "review"})
+    assert again.status_code == 200 and b"TIiajkdnlazkcOXrIdevi7FQ" not in again.content
+
+    client.post(URL, {**CHOICES, "channel_url": posted_channel_url(again), "step": "create"})
+    assert value_of(Channel.objects.get(cluster__slug="train-h200").url_secret) == SLACK
+
+    refused = client.post(URL, {**CHOICES, "channel_url": "nonsense://x", "step": "review"})
     assert refused.status_code == 400 and b"Apprise does not understand" in refused.content
+
+
+def test_a_sealed_channel_url_that_was_changed_is_refused(client_for, admin):
+    client = client_for(admin)
+    sealed = posted_channel_url(client.post(URL, {**CHOICES, "channel_url": SLACK,
+                                                  "step": "review"}))
+    tampered = sealed[:-8] + ("A" if sealed[-8] != "A" else "B") + sealed[-7:]
+    refused = client.post(URL, {**CHOICES, "channel_url": tampered, "step": "create"})
+    assert refused.status_code == 400 and b"enter it again" in refused.content
+    assert not Cluster.objects.exists()
 
 
 def test_create_makes_everything_in_one_audited_action(client_for, admin):
