@@ -56,8 +56,8 @@ FULL_HELLO_THREADS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agent
 # In hand: known hellos take a few ms each; full ones tens of ms on FULL_HELLO_THREADS, so
 # 64 of those are a few seconds of work. A refused hello is told when its turn should come
 # (HelloAdmission.retry_after).
-HELLOS = HelloAdmission(limit=256, retry_after_s=2.0)
-FULL_HELLOS = HelloAdmission(limit=64, retry_after_s=2.0)
+HELLOS = HelloAdmission(limit=256, seconds_of_work=2.0)
+FULL_HELLOS = HelloAdmission(limit=64, seconds_of_work=4.0)
 HELLOS_IN_HAND.labels("all").set_function(lambda: HELLOS.in_hand)
 HELLOS_IN_HAND.labels("full").set_function(lambda: FULL_HELLOS.in_hand)
 NEW_EVENTS = NewEventCounts()
@@ -323,7 +323,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.send_frame(error)
 
     async def on_hello(self, frame):
-        if not HELLOS.admit(id(self)):
+        if not HELLOS.admit():
             await self.refuse_hello(HELLOS)
             return
         try:
@@ -354,7 +354,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 await self.send_welcome(None)
                 await self.send_frame(known.config)
                 return
-        if not FULL_HELLOS.admit(id(self)):
+        if not FULL_HELLOS.admit():
             await self.refuse_hello(FULL_HELLOS)
             return
         try:

@@ -66,32 +66,34 @@ class NewEventCounts:
 
 
 class HelloAdmission:
-    """How many hellos this process has in hand. Past `limit` (a couple of seconds of work)
-    a hello is answered rate_limited at once: left to queue, it would wait past the agent's
-    welcome timeout, and the work done for it would be lost when the agent gives up.
+    """How many hellos this process has in hand. Past `limit` (about `seconds_of_work` of
+    work) a hello is answered rate_limited at once: left to queue, it would wait past the
+    agent's welcome timeout, and the work done for it would be lost when the agent gives up.
 
-    The answer's retry_after_s is the wait the backlog implies: the connections refused in
-    the last WINDOW_S and not admitted since, over the hellos finished a second, at least
-    retry_after_s and at most MAX_RETRY_AFTER_S. A thousand nodes joining at once then come
-    back about when their turn comes, instead of asking again every second or two (each
-    refusal costs the core too). The most, jitter included, stays under the agent's welcome
+    The answer's retry_after_s is the hello's turn. Turns are handed out one after another,
+    1 / (the hellos finished a second) apart, so the refused agents come back at the pace
+    this process finishes hellos: a thousand nodes joining at once are neither all back in
+    the next second (each refusal costs the core too) nor kept waiting while the process
+    idles. The pace is measured over the last WINDOW_S; until MIN_FINISHED hellos have
+    finished there, it is `limit` over `seconds_of_work`, what the limit was sized for. A
+    turn further off than MAX_RETRY_AFTER_S is not given: that hello is told a wait of half
+    to all of it, and asks for a turn again then. The most stays under the agent's welcome
     timeout (30 s, which it restarts only once it has said the hello again)."""
 
     WINDOW_S = 10.0
+    MIN_FINISHED = 16
+    MIN_RETRY_AFTER_S = 0.5
     MAX_RETRY_AFTER_S = 15.0
 
-    def __init__(self, limit, retry_after_s, clock=time.monotonic):
-        self.limit, self.retry_after_s, self.in_hand = limit, retry_after_s, 0
+    def __init__(self, limit, seconds_of_work, clock=time.monotonic):
+        self.limit, self.seconds_of_work, self.in_hand = limit, seconds_of_work, 0
         self.clock = clock
         self.finished = deque()  # times, within WINDOW_S
-        self.waiting = {}  # a refused connection -> when it was last refused
+        self.last_turn = 0.0  # the clock's time of the latest turn given
 
-    def admit(self, who=None):
-        """`who`: the connection (anything hashable), so that one refused twice counts once."""
+    def admit(self):
         if self.in_hand >= self.limit:
-            self.waiting[who] = self.clock()
             return False
-        self.waiting.pop(who, None)
         self.in_hand += 1
         return True
 
@@ -99,16 +101,20 @@ class HelloAdmission:
         self.in_hand -= 1
         self.finished.append(self.clock())
 
-    def retry_after(self):
-        """The backlog's wait, spread over 0.5-1.5 times it, so refused agents come back
-        apart."""
-        since = self.clock() - self.WINDOW_S
-        while self.finished and self.finished[0] < since:
+    def finished_per_s(self):
+        now = self.clock()
+        while self.finished and self.finished[0] < now - self.WINDOW_S:
             self.finished.popleft()
-        self.waiting = {who: at for who, at in self.waiting.items() if at >= since}
+        if len(self.finished) < self.MIN_FINISHED:
+            return self.limit / self.seconds_of_work
         # Over the time the window holds: at the start of a storm that is less than WINDOW_S.
-        per_second = (len(self.finished) / max(self.clock() - self.finished[0], 1.0)
-                      if self.finished else 0.0)
-        wait = len(self.waiting) / per_second if per_second else self.retry_after_s
-        wait = min(max(wait, self.retry_after_s), self.MAX_RETRY_AFTER_S)
-        return round(wait * random.uniform(0.5, 1.5), 1)
+        return len(self.finished) / max(now - self.finished[0], 1.0)
+
+    def retry_after(self):
+        """The next turn, in seconds from now."""
+        now = self.clock()
+        turn = max(self.last_turn, now) + 1 / self.finished_per_s()
+        if turn - now > self.MAX_RETRY_AFTER_S:
+            return round(self.MAX_RETRY_AFTER_S * random.uniform(0.5, 1.0), 1)
+        self.last_turn = turn
+        return round(max(turn - now, self.MIN_RETRY_AFTER_S), 1)

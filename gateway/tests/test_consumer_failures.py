@@ -105,7 +105,7 @@ async def test_a_work_offer_that_fails_is_tried_again_until_it_goes_out(join_tok
 async def test_past_the_hellos_in_hand_a_hello_is_answered_rate_limited_at_once(
         join_token, monkeypatch):
     monkeypatch.setattr(consumers, "HELLOS", consumers.HelloAdmission(limit=1,
-                                                                      retry_after_s=4.0))
+                                                                      seconds_of_work=4.0))
     release = threading.Event()
     original = ingest.accept_hello
 

@@ -24,21 +24,26 @@ def test_new_event_counts_start_again_each_hour():
     assert counts.take(7, limit=2) == 0.0 and counts.take(8, limit=2) == 0.0
 
 
-def test_a_refused_hello_is_told_to_come_back_when_the_backlog_says(monkeypatch):
-    monkeypatch.setattr("gateway.frame_limits.random.uniform", lambda low, high: 1.0)
+def test_refused_hellos_are_given_turns_at_the_pace_hellos_finish(monkeypatch):
+    monkeypatch.setattr("gateway.frame_limits.random.uniform", lambda low, high: low)
     now = [100.0]
-    hellos = HelloAdmission(limit=2, retry_after_s=2.0, clock=lambda: now[0])
-    assert hellos.admit("a") and hellos.admit("b") and not hellos.admit("agent-0")
-    assert hellos.retry_after() == 2.0  # nothing finished yet: the floor
-    for _ in range(20):  # 2 hellos a second finished over the window...
+    hellos = HelloAdmission(limit=4, seconds_of_work=2.0, clock=lambda: now[0])
+    assert all(hellos.admit() for _ in range(4)) and not hellos.admit()
+    # Nothing finished yet: the pace the limit was sized for, 4 hellos in 2 s.
+    assert [hellos.retry_after() for _ in range(3)] == [0.5, 1.0, 1.5]
+    for _ in range(40):  # then 10 hellos a second finished, for 4 s
         hellos.done()
         hellos.in_hand += 1
-        now[0] += 0.5
-    assert not hellos.admit("agent-0")  # the one refused before comes again: counted once
-    refused = sum(not hellos.admit(f"agent-{n}") for n in range(1, 15))  # 15 agents waiting
-    assert refused == 14
-    assert hellos.retry_after() == 7.5  # 15 waiting, 2 hellos finished a second
-    assert not any(hellos.admit(f"extra-{n}") for n in range(100))
-    assert hellos.retry_after() == 15.0  # 115 waiting: past the cap
-    now[0] += 11  # the window passed: nothing finished, nobody refused
-    assert hellos.retry_after() == 2.0
+        now[0] += 0.1
+    # The turns given before are kept; the next come 0.1 s apart.
+    assert [hellos.retry_after() for _ in range(3)] == [0.5, 0.5, 0.5]  # at least the floor
+    turns = [hellos.retry_after() for _ in range(200)]
+    assert turns[:4] == [0.5, 0.5, 0.6, 0.7]
+    assert turns[145:147] == [14.9, 15.0]
+    # Past 15 s a turn is not given: half to all of the cap, then ask again.
+    assert turns[147:] == [7.5] * 53
+    now[0] += 11  # the window passed with nothing finished: the sized pace again,
+    assert hellos.finished_per_s() == 2.0
+    assert hellos.retry_after() == 4.5  # after the turns already given (the last 15 s)
+    now[0] += 20
+    assert hellos.retry_after() == 0.5
