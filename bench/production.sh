@@ -31,10 +31,13 @@ bench_production_up() {
     PIN=()
     if [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
         # Off the server's core: Redis, and PostgreSQL with every process it forks later.
+        # BENCH_DATABASE_CORE=0 puts PostgreSQL on the server's core instead: where the
+        # driver keeps core 1 busy, the database then gets the share the server leaves.
         local pg_pid
         pg_pid=$(head -n 1 "$PGDATA/postmaster.pid")
-        for pid in "$REDIS_PID" "$pg_pid" $(ps -o pid= --ppid "$pg_pid"); do
-            taskset -a -p -c 1 "$pid" >/dev/null
+        taskset -a -p -c 1 "$REDIS_PID" >/dev/null
+        for pid in "$pg_pid" $(ps -o pid= --ppid "$pg_pid"); do
+            taskset -a -p -c "${BENCH_DATABASE_CORE:-1}" "$pid" >/dev/null
         done
         PIN=(taskset -c 1)
     fi
