@@ -272,6 +272,7 @@ def measure_config(kind, processes, args, fleet, fleet_path, client, workdir):
     bare = kind.startswith("bare")
     recorded_key = BARE_RECORDED_KEY if bare else RECORDED_KEY
     servers = Servers(kind, processes, args, workdir)
+    idle_cpu_pct = None
     loadgen = None
     poller = None
     steps = []
@@ -287,6 +288,14 @@ def measure_config(kind, processes, args, fleet, fleet_path, client, workdir):
             poller = LatencyPoller(client, LIVE_KEY.format(cluster_id=fleet["cluster_id"]),
                                    probe)
             poller.start()
+        # Connected and silent: what the server spends on a fleet before any sample (the
+        # publisher's tick, pings), which should not grow with the fleet.
+        time.sleep(args.warmup_s)
+        a_cpu = servers.cpu_s()
+        time.sleep(args.step_s)
+        idle_cpu_pct = 100 * (servers.cpu_s() - a_cpu) / args.step_s
+        log(f"{name}: {idle_cpu_pct:.1f} % of a core with {args.connections} connections "
+            f"and no samples")
         # The hellos' database work and the publisher's first ticks (a fleet it never saw)
         # are not what is measured: settle at the first rate.
         loadgen.ask(f"rate {args.rates[0]}")
@@ -360,7 +369,7 @@ def measure_config(kind, processes, args, fleet, fleet_path, client, workdir):
     log(f"{name}: sustained {sustained}/s, peak delivered {peak:.0f}/s")
     return {"server": kind, "processes": processes, "sustained": sustained,
             "peak_delivered_per_s": peak, "marginal_cpu_us": marginal_us,
-            "fixed_cpu_pct": fixed_pct, "steps": steps}
+            "fixed_cpu_pct": fixed_pct, "idle_cpu_pct": idle_cpu_pct, "steps": steps}
 
 
 def cpu_fit(steps):
@@ -457,13 +466,14 @@ def table(results):
                 f" | {s['core0_others_pct']:.0f} % | {s['loadavg_1m']:.2f}"
                 f" | {'ok' if s['ok'] else 'fail'} |")
     lines += ["", "| server | procs | sustained reports/s | peak delivered/s "
-              "| CPU per report (marginal) | fixed CPU |",
-              "| --- | --- | --- | --- | --- | --- |"]
+              "| CPU per report (marginal) | fixed CPU (fitted) | connected, no samples |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
     for config in results:
-        fixed = config["fixed_cpu_pct"]
+        fixed, idle = config["fixed_cpu_pct"], config["idle_cpu_pct"]
         lines.append(f"| {config['server']} | {config['processes']} | {config['sustained']} "
                      f"| {config['peak_delivered_per_s']:.0f} | {fmt(config['marginal_cpu_us'])} us "
-                     f"| {'-' if fixed is None else f'{fixed:.0f} %'} |")
+                     f"| {'-' if fixed is None else f'{fixed:.0f} %'} "
+                     f"| {'-' if idle is None else f'{idle:.1f} %'} |")
     return "\n".join(lines)
 
 
