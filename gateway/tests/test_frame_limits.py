@@ -35,7 +35,7 @@ def test_refused_hellos_are_given_turns_at_the_pace_hellos_finish(monkeypatch):
         hellos.done()
         hellos.in_hand += 1
         now[0] += 0.1
-    # The turns given before are kept; the next come 0.1 s apart.
+    # The turns given before have passed; the next come 0.1 s apart from now.
     assert [hellos.retry_after() for _ in range(3)] == [0.5, 0.5, 0.5]  # at least the floor
     turns = [hellos.retry_after() for _ in range(200)]
     assert turns[:4] == [0.5, 0.5, 0.6, 0.7]
