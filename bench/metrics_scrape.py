@@ -46,7 +46,7 @@ def make_cluster(slug, nodes):
     from agent.connection import protocol
     from agent.sim.backend import SimulatedBackend
     from clusters.models import Cluster
-    from gateway.protocol import live_entry, parse_frame
+    from gateway.protocol import live_sample, parse_frame
     from nodes.live_store import get_live_store
     from nodes.models import Gpu, Node
 
@@ -66,7 +66,7 @@ def make_cluster(slug, nodes):
                             memory_total_bytes=gpu["memory_total_bytes"]))
         frame = parse_frame(protocol.encode(protocol.sample_frame(
             seq=1, ts=time.time(), gpus=readings, node=None)))
-        store.record(cluster.pk, live_entry(
+        store.record(cluster.pk, live_sample(
             frame, node_id=node.pk, received_at=time.time(),
             memory_totals={gpu["uuid"]: gpu["memory_total_bytes"] for gpu in backend.gpus()}))
     Gpu.objects.bulk_create(gpus, batch_size=2000)

@@ -63,7 +63,7 @@ def main():
     django.setup()
     import orjson
 
-    from gateway.protocol import fast_sample, live_entry
+    from gateway.protocol import fast_sample, live_sample
     from nodes.live_store import RedisLiveStore
 
     texts, totals = frames_of_the_trace()
@@ -71,14 +71,14 @@ def main():
 
     def whole_path(i):
         frame = fast_sample(texts[i % TEXTS])
-        [gpu["uuid"] for gpu in frame["gpus"] if gpu["uuid"] not in totals]
-        store.record(1, live_entry(frame, node_id=7, received_at=time.time(),
-                                   memory_totals=totals))
+        [gpu.uuid for gpu in frame.gpus if gpu.uuid not in totals]
+        store.record(1, live_sample(frame, node_id=7, received_at=time.time(),
+                                    memory_totals=totals))
         if i % 500 == 0:
             store.pending, store.pending_readings = {}, []
 
-    entries = [live_entry(fast_sample(text), node_id=7, received_at=time.time(),
-                          memory_totals=totals) for text in texts]
+    entries = [live_sample(fast_sample(text), node_id=7, received_at=time.time(),
+                           memory_totals=totals) for text in texts]
     parts = {
         "the whole path": whole_path,
         "  fast_sample (read and check)": lambda i: fast_sample(texts[i % TEXTS]),

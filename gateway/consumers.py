@@ -27,8 +27,8 @@ from . import ingest, reconnects
 from .frame_limits import FrameBucket, HelloAdmission, NewEventCounts
 from .event_batches import event_writer
 from nodes.live_store import get_live_store
-from .protocol import (MAX_FRAME_BYTES, BadFrame, exact_frame, fast_sample, known_hygiene,
-                       live_entry, quick_read)
+from .protocol import (MAX_FRAME_BYTES, BadFrame, FastSample, as_fast_sample, exact_frame,
+                       fast_sample, known_hygiene, live_sample, quick_read)
 from .publisher import ensure_publisher
 from .series import AGENTS_CONNECTED, EVENT_ACK_SECONDS, HELLOS_IN_HAND, RATE_LIMITED
 
@@ -260,22 +260,22 @@ class AgentConsumer(AsyncWebsocketConsumer):
         try:
             if frame is None:
                 frame = exact_frame(data)
-            if self.node_id is None and frame["type"] != "hello":
+            kind = "sample" if isinstance(frame, FastSample) else frame["type"]
+            if self.node_id is None and kind != "hello":
                 raise BadFrame("send hello first", code="hello_required")
         except BadFrame as exc:
             await self.refuse(exc)
             return
         try:
-            await getattr(self, f"on_{frame['type']}")(frame)
+            await getattr(self, f"on_{kind}")(frame)
         except StopConsumer:
             raise
         except DATABASE_ERRORS as exc:  # PROTOCOL.md: answered, and the connection stays
-            logger.warning("agent %s frame of node %s not handled: %s", frame["type"],
-                           self.node_id, exc)
-            await self.send_server_error(frame)
+            logger.warning("agent %s frame of node %s not handled: %s", kind, self.node_id, exc)
+            await self.send_server_error(kind, frame)
         except Exception:  # noqa: BLE001 - a bug: answered the same way
-            logger.exception("agent %s frame of node %s not handled", frame["type"], self.node_id)
-            await self.send_server_error(frame)
+            logger.exception("agent %s frame of node %s not handled", kind, self.node_id)
+            await self.send_server_error(kind, frame)
 
     async def refuse(self, exc):
         now = time.monotonic()
@@ -314,11 +314,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
             error["retry_id"] = event_id
         await self.send_frame(error)
 
-    async def send_server_error(self, frame):
-        """`frame` was not handled (the database or a bug): an event goes again later."""
+    async def send_server_error(self, kind, frame):
+        """`frame`, of this kind, was not handled (the database or a bug): an event goes again
+        later."""
         error = {"type": "error", "code": "server_error",
-                 "message": f"the {frame['type']} was not handled; send it again later"}
-        if frame["type"] == "event":
+                 "message": f"the {kind} was not handled; send it again later"}
+        if kind == "event":
             error["retry_id"] = frame["id"]
         await self.send_frame(error)
 
@@ -420,17 +421,21 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.close_with(CLOSE_REPLACED)
 
     async def on_sample(self, frame):
-        unknown = [gpu["uuid"] for gpu in frame["gpus"] if gpu["uuid"] not in self.memory_totals]
+        """A FastSample, or an exact_frame() sample (one with hygiene, or with fields this
+        server does not know)."""
+        if not isinstance(frame, FastSample):
+            if frame.get("hygiene") is not None:
+                self.hygiene = known_hygiene(frame["hygiene"])
+            frame = as_fast_sample(frame)
+        unknown = [gpu.uuid for gpu in frame.gpus if gpu.uuid not in self.memory_totals]
         if unknown:
-            frame["gpus"] = [gpu for gpu in frame["gpus"] if gpu["uuid"] in self.memory_totals]
+            frame.gpus = [gpu for gpu in frame.gpus if gpu.uuid in self.memory_totals]
             await self.send_frame({
                 "type": "error", "code": "bad_message",
                 "message": f"sample.gpus: not in this connection's hello, dropped: "
                            f"{', '.join(unknown)}",
             })
-        if frame.get("hygiene") is not None:
-            self.hygiene = known_hygiene(frame["hygiene"])
-        self.live_store.record(self.cluster_id, live_entry(
+        self.live_store.record(self.cluster_id, live_sample(
             frame, node_id=self.node_id, received_at=time.time(), memory_totals=self.memory_totals,
             hygiene=self.hygiene))
 
@@ -462,7 +467,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if self.closed:
             return  # not acked: the agent sends it again, and it is acked then
         if outcome is ingest.EventOutcome.FAILED:
-            await self.send_server_error(frame)
+            await self.send_server_error("event", frame)
         elif outcome is ingest.EventOutcome.OPEN_EVENTS_FULL:
             await self.rate_limit("event", frame["id"], 60.0,
                                   f"node {node_id} has "

@@ -42,6 +42,8 @@ from typing import Annotated, Literal, Optional, Union
 import msgspec
 import orjson
 
+from nodes.live_fold import LiveSample
+
 MAX_FRAME_BYTES = 1024 * 1024
 INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
 COUNT_MAX = 2 ** 31 - 1
@@ -379,21 +381,24 @@ def _refuse_constant(name):
 # NUL ("\\u0000" in the text), which msgspec takes and the exact way refuses.
 _Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
 _FAST_KINDS = {_number: Union[_Int64, float, None], _integer: Optional[_Int64]}
+# A GPU's and a node's readings hold numbers and strings only: the garbage collector need
+# not track them (gc=False), and does not, at thousands a second.
 _SampleGpu = msgspec.defstruct(
     "SampleGpu",
     [("uuid", Annotated[str, msgspec.Meta(min_length=1, max_length=80)])]
     + [(field, _FAST_KINDS[kind], None) for field, (kind, _) in SAMPLE_GPU.items()
        if field != "uuid"],
-    forbid_unknown_fields=True)
+    forbid_unknown_fields=True, gc=False)
 _SampleNode = msgspec.defstruct(
     "SampleNode", [(field, _FAST_KINDS[kind], None) for field, (kind, _) in SAMPLE_NODE.items()],
-    forbid_unknown_fields=True)
-_Sample = msgspec.defstruct(
-    "Sample",
+    forbid_unknown_fields=True, gc=False)
+FastSample = msgspec.defstruct(
+    "FastSample",
     [("type", Literal["sample"]), ("seq", _Int64), ("ts", Union[_Int64, float]),
      ("gpus", list[_SampleGpu]), ("node", Optional[_SampleNode], None)],
     forbid_unknown_fields=True)
-_sample_decoder = msgspec.json.Decoder(_Sample)
+_sample_decoder = msgspec.json.Decoder(FastSample)
+_NO_NODE_READINGS = _SampleNode()
 
 
 @dataclass(frozen=True)
@@ -420,19 +425,20 @@ def quick_read(text):
 
 
 def fast_sample(text):
-    """The frame when `text` is a sample the fast path takes, its fields all present (None
-    where the agent had no reading); None otherwise."""
+    """The sample as a FastSample (its fields as attributes, each present: None where the
+    agent had no reading) when `text` is a sample the fast path takes; None otherwise."""
     if not isinstance(text, str) or "\\u0000" in text:
         return None
     try:
-        return msgspec.to_builtins(_sample_decoder.decode(text))
+        return _sample_decoder.decode(text)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
 
 
 def parse_frame(text):
     """A validated frame dict from one WebSocket text message, or BadFrame."""
-    return fast_sample(text) or exact_frame(text)
+    sample = fast_sample(text)
+    return msgspec.to_builtins(sample) if sample is not None else exact_frame(text)
 
 
 def exact_frame(text):
@@ -484,11 +490,6 @@ def exact_frame(text):
     return frame
 
 
-# What the live store (nodes.live_store) keeps of a sample.
-_GPU_FIELDS = frozenset(SAMPLE_GPU)
-_NODE_FIELDS = frozenset(SAMPLE_NODE)
-
-
 def known_hygiene(hygiene):
     """A sample's `hygiene`, its protocol fields only; None when it has none."""
     if not hygiene:
@@ -500,21 +501,25 @@ def known_hygiene(hygiene):
     return kept
 
 
-def live_entry(frame, *, node_id, received_at, memory_totals, hygiene=None):
-    """What the store keeps of a sample: its GPUs' readings (with their memory totals) and
-    the node's metrics, the protocol's fields only (a sample may carry fields this server
-    does not know, of any size: PROTOCOL.md has a receiver ignore them). `hygiene`: the
+def live_sample(frame, *, node_id, received_at, memory_totals, hygiene=None):
+    """What the live store takes of a sample (nodes.live_fold.LiveSample): a FastSample's
+    readings as they are, or an exact_frame() sample's protocol fields made into one (a
+    sample may carry fields this server does not know, of any size: PROTOCOL.md has a
+    receiver ignore them). `memory_totals`: the hello's, by GPU uuid; `hygiene`: the
     connection's latest known_hygiene(), which only some samples carry."""
-    gpus = []
-    for gpu in frame["gpus"]:
-        # A fast_sample() GPU holds the protocol's fields, no more and no fewer: it is kept as
-        # it is (the frame is this call's to change).
-        reading = gpu if gpu.keys() == _GPU_FIELDS else {field: gpu.get(field)
-                                                         for field in _GPU_FIELDS}
-        reading["mem_total_bytes"] = memory_totals.get(gpu["uuid"])
-        gpus.append(reading)
-    node = frame.get("node") or {}
-    if node.keys() != _NODE_FIELDS:
-        node = {field: node.get(field) for field in _NODE_FIELDS}
-    return {"node_id": node_id, "seq": frame["seq"], "ts": frame["ts"],
-            "received_at": received_at, "gpus": gpus, "node": node, "hygiene": hygiene}
+    if not isinstance(frame, FastSample):
+        frame = as_fast_sample(frame)
+    return LiveSample(node_id, received_at, frame.seq, frame.ts, frame.gpus,
+                      [memory_totals.get(gpu.uuid) for gpu in frame.gpus],
+                      frame.node if frame.node is not None else _NO_NODE_READINGS, hygiene)
+
+
+def as_fast_sample(frame):
+    """An exact_frame() sample as a FastSample: its protocol fields, which exact_frame()
+    has held to the same types and limits as the fast path's."""
+    node = frame.get("node")
+    return msgspec.convert({
+        "type": "sample", "seq": frame["seq"], "ts": frame["ts"],
+        "gpus": [{field: gpu.get(field) for field in SAMPLE_GPU} for gpu in frame["gpus"]],
+        "node": None if node is None else {field: node.get(field) for field in SAMPLE_NODE},
+    }, FastSample)

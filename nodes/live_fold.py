@@ -18,9 +18,24 @@ and writes the minutes of the nodes whose samples it received.
 
 import heapq
 from datetime import datetime, timezone as dt_timezone
+from operator import attrgetter
 from typing import NamedTuple
 
-from .rollups import CLUSTER_METRICS, GPU_METRICS, NODE_METRICS, add_values, reading
+from .rollups import (CLUSTER_METRICS, GPU_METRICS, NODE_METRICS, READING_MAX, add_readings,
+                      add_values, reading)
+
+
+class LiveSample(NamedTuple):
+    """A sample as the live store takes it (gateway.protocol.live_sample makes it)."""
+
+    node_id: int
+    received_at: float  # Unix seconds, the server's clock
+    seq: int
+    ts: float  # the agent's clock
+    gpus: list  # each with the protocol's GPU fields as attributes (None: no reading)
+    mem_totals: list  # each GPU's memory in bytes, from the node's hello (None: not told)
+    node: object  # the protocol's node fields as attributes
+    hygiene: dict | None  # the connection's latest sample.hygiene (gateway.protocol)
 
 
 # A GPU at load as the slow GPU rule (healthchecks/slow_gpus.py) reads it: a plain tuple (or
@@ -28,10 +43,9 @@ from .rollups import CLUSTER_METRICS, GPU_METRICS, NODE_METRICS, add_values, rea
 GPU_AT_LOAD = ("uuid", "util_pct", "sm_clock_mhz", "temp_c", "power_w", "clock_event_reasons")
 
 
-def gpu_at_load(gpu):
-    """A live entry's GPU as GPU_AT_LOAD's fields."""
-    return (gpu.get("uuid"), gpu.get("util_pct"), gpu.get("sm_clock_mhz"), gpu.get("temp_c"),
-            gpu.get("power_w"), gpu.get("clock_event_reasons"))
+gpu_at_load = attrgetter(*GPU_AT_LOAD)  # a sample's GPU as GPU_AT_LOAD's fields
+_gpu_metric_values = attrgetter(*GPU_METRICS)
+_node_metric_values = attrgetter(*NODE_METRICS)
 
 
 class NodeReading(NamedTuple):
@@ -51,33 +65,6 @@ class NodeReading(NamedTuple):
 # NodeReading's fields a cluster sums up.
 SUMMED = slice(2, 10)
 NO_SUMS = [0] * (SUMMED.stop - SUMMED.start)
-
-
-def node_reading(entry, min_util_pct):
-    """A live entry (gateway.protocol.live_entry) as a NodeReading."""
-    util_sum, util_count, used, total, at_load = 0.0, 0, 0, 0, []
-    sm_active_sum, sm_active_count = 0.0, 0
-    for gpu in entry["gpus"]:
-        util = gpu.get("util_pct")
-        if reading(util) is not None:
-            util_sum += util
-            util_count += 1
-        sm_active = reading(gpu.get("sm_active_pct"))
-        if sm_active is not None:
-            sm_active_sum += sm_active
-            sm_active_count += 1
-        if util is not None and util >= min_util_pct and gpu.get("sm_clock_mhz") is not None:
-            at_load.append(gpu_at_load(gpu))
-        gpu_used = reading(gpu.get("mem_used_bytes"))
-        gpu_total = reading(gpu.get("mem_total_bytes"))
-        if gpu_used is not None and gpu_total:
-            used += gpu_used
-            total += gpu_total
-    node = entry["node"]
-    net = (reading(node.get("net_rx_bps")) or 0) + (reading(node.get("net_tx_bps")) or 0)
-    return NodeReading(entry["node_id"], entry["received_at"], len(entry["gpus"]), util_sum,
-                       util_count, used, total, net, sm_active_sum, sm_active_count,
-                       tuple(at_load))
 
 
 def encode_reading(cluster_id, node_reading):
@@ -178,28 +165,57 @@ def empty_stats(metrics):
     return [0.0, 0, None] * len(metrics)
 
 
+# Where NodeMinute.add finds the NodeReading's metrics among a GPU's GPU_METRICS values.
+_UTIL, _SM_ACTIVE, _MEM_USED = (GPU_METRICS.index(metric) for metric in
+                                ("util_pct", "sm_active_pct", "mem_used_bytes"))
+
+
 class NodeMinute:
-    """Each node's minute of samples; hands back the minute when it has ended."""
+    """Each node's minute of samples; hands back the minute when it has ended. Each sample
+    added also gives its NodeReading: the live store records both from one pass."""
 
     def __init__(self):
         self.minute = None
         self.gpus = {}  # node_id -> {gpu uuid: flat stats of GPU_METRICS}
         self.nodes = {}  # node_id -> flat stats of NODE_METRICS
 
-    def add(self, entry):
+    def add(self, sample, min_util_pct):
+        """Add a LiveSample to its node's minute; returns its NodeReading, made in the same
+        pass over its GPUs (the slow GPU rule keeps those at min_util_pct or more)."""
         if self.minute is None:
-            self.minute = minute_of(entry["received_at"])
-        node_id = entry["node_id"]
+            self.minute = minute_of(sample.received_at)
+        node_id = sample.node_id
         node_gpus = self.gpus.get(node_id)
         if node_gpus is None:
             node_gpus = self.gpus[node_id] = {}
             self.nodes[node_id] = empty_stats(NODE_METRICS)
-        for gpu in entry["gpus"]:
-            stats = node_gpus.get(gpu["uuid"])
+        util_sum, util_count, used, total, at_load = 0.0, 0, 0, 0, []
+        sm_active_sum, sm_active_count = 0.0, 0
+        for gpu, gpu_total in zip(sample.gpus, sample.mem_totals):
+            values = _gpu_metric_values(gpu)
+            stats = node_gpus.get(gpu.uuid)
             if stats is None:
-                stats = node_gpus[gpu["uuid"]] = empty_stats(GPU_METRICS)
-            add_values(stats, gpu, GPU_METRICS)
-        add_values(self.nodes[node_id], entry["node"], NODE_METRICS)
+                stats = node_gpus[gpu.uuid] = empty_stats(GPU_METRICS)
+            add_readings(stats, values)
+            util, sm_active, gpu_used = values[_UTIL], values[_SM_ACTIVE], values[_MEM_USED]
+            if util is not None:
+                if -READING_MAX <= util <= READING_MAX:
+                    util_sum += util
+                    util_count += 1
+                if util >= min_util_pct and gpu.sm_clock_mhz is not None:
+                    at_load.append(gpu_at_load(gpu))
+            if sm_active is not None and -READING_MAX <= sm_active <= READING_MAX:
+                sm_active_sum += sm_active
+                sm_active_count += 1
+            if (gpu_used is not None and -READING_MAX <= gpu_used <= READING_MAX
+                    and reading(gpu_total)):
+                used += gpu_used
+                total += gpu_total
+        node = sample.node
+        add_readings(self.nodes[node_id], _node_metric_values(node))
+        net = (reading(node.net_rx_bps) or 0) + (reading(node.net_tx_bps) or 0)
+        return NodeReading(node_id, sample.received_at, len(sample.gpus), util_sum, util_count,
+                           used, total, net, sm_active_sum, sm_active_count, tuple(at_load))
 
     def finish_if_new_minute(self, now):
         """(minute, gpus, nodes) of the minute that ended before `now`, or None."""

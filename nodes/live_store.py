@@ -3,11 +3,15 @@
 Samples never reach the database. The agent consumer calls record() for each sample (no
 I/O); the publisher calls flush() every 100 ms, and its leader read_fold() once a second.
 record() also folds the sample into what the publisher's tick needs (nodes/live_fold.py):
-its NodeReading and this process's NodeMinute.
+its NodeReading and this process's NodeMinute, in one pass over its GPUs.
+
+An entry is kept encoded, as one JSON object: the sample's fields, its node's id, when it
+was received, each GPU's memory total (from the hello) and the connection's latest hygiene.
+Readers get it as a dict (decode_entry).
 
 - MemoryLiveStore (embedded mode): process memory; the one server process sees everything
   and folds every reading.
-- RedisLiveStore (production): record() encodes the entry and its reading and buffers them;
+- RedisLiveStore (production): record() buffers the entry and its reading, encoded;
   flush() writes the entries to one Redis hash per cluster, so that every server process
   reads the whole fleet (pages, /metrics), and appends the readings to one Redis list, in
   one pipeline. The leader's read_fold() takes the list's readings into its fold.
@@ -15,10 +19,11 @@ its NodeReading and this process's NodeMinute.
 
 import asyncio
 
+import msgspec
 import orjson
 from django.conf import settings
 
-from .live_fold import LiveFold, NodeMinute, decode_reading, encode_reading, node_reading
+from .live_fold import LiveFold, NodeMinute, decode_reading, encode_reading
 
 
 LIVE_KEY = "clusterui:live:{cluster_id}"
@@ -40,19 +45,32 @@ def stale_after_s():
     return settings.CLUSTERUI_SAMPLE_INTERVAL_S * settings.CLUSTERUI_HEARTBEAT_INTERVALS
 
 
-def _encode(entry):
-    """An entry as JSON. orjson takes every value a valid sample holds (gateway.protocol:
-    finite numbers, integers within 64 bits)."""
-    return orjson.dumps(entry)
+# msgspec, not orjson: a sample's GPUs and node arrive as msgspec structs (gateway.protocol),
+# which it writes as JSON objects of all their fields, without making a dict of each first.
+_entry_encoder = msgspec.json.Encoder()
 
 
-def _decode(raw):
-    return orjson.loads(raw)
+def encode_entry(sample):
+    """A LiveSample as the store keeps it. Every value a valid sample holds is JSON
+    (gateway.protocol: finite numbers, integers within 64 bits)."""
+    return _entry_encoder.encode({
+        "node_id": sample.node_id, "seq": sample.seq, "ts": sample.ts,
+        "received_at": sample.received_at, "gpus": sample.gpus,
+        "mem_totals": sample.mem_totals, "node": sample.node, "hygiene": sample.hygiene})
+
+
+def decode_entry(raw):
+    """An entry as readers have it: {node_id, seq, ts, received_at, gpus, node, hygiene},
+    each GPU a dict of the protocol's fields and its mem_total_bytes."""
+    entry = orjson.loads(raw)
+    for gpu, total in zip(entry["gpus"], entry.pop("mem_totals")):
+        gpu["mem_total_bytes"] = total
+    return entry
 
 
 def _decode_all(raw):
     """{node id: entry} from a live hash as Redis returns it."""
-    return {int(node_id): _decode(value) for node_id, value in raw.items()}
+    return {int(node_id): decode_entry(value) for node_id, value in raw.items()}
 
 
 def _decode_readings(batches):
@@ -71,10 +89,9 @@ class MemoryLiveStore:
         self.fold = LiveFold()
         self.node_minute = NodeMinute()
 
-    def record(self, cluster_id, entry):
-        self.latest.setdefault(cluster_id, {})[entry["node_id"]] = entry
-        self.fold.add(cluster_id, node_reading(entry, _min_util_pct()))
-        self.node_minute.add(entry)
+    def record(self, cluster_id, sample):
+        self.latest.setdefault(cluster_id, {})[sample.node_id] = encode_entry(sample)
+        self.fold.add(cluster_id, self.node_minute.add(sample, _min_util_pct()))
 
     async def flush(self):
         return 0
@@ -85,11 +102,12 @@ class MemoryLiveStore:
 
     def read(self, cluster_id):
         """The snapshot, for synchronous callers (views)."""
-        return dict(self.latest.get(cluster_id, {}))
+        return _decode_all(self.latest.get(cluster_id, {}))
 
     def read_node(self, cluster_id, node_id):
         """One node's entry, or None (the node page's live numbers)."""
-        return self.latest.get(cluster_id, {}).get(node_id)
+        raw = self.latest.get(cluster_id, {}).get(node_id)
+        return None if raw is None else decode_entry(raw)
 
     async def close(self):
         pass
@@ -113,16 +131,15 @@ class RedisLiveStore:
             self._client = redis.asyncio.Redis.from_url(self.url)
         return self._client
 
-    def record(self, cluster_id, entry):
+    def record(self, cluster_id, sample):
         # Encoded now, not at the flush: the buffer then holds bytes, which the garbage
-        # collector never scans, and the entry's dicts die young (held until the flush,
-        # thousands a second were promoted to the oldest generation, and each of its full
-        # collections stopped the process for up to a quarter of a second).
-        self.pending.setdefault(cluster_id, {})[entry["node_id"]] = _encode(entry)
-        self.pending_readings.append(
-            orjson.dumps(encode_reading(cluster_id, node_reading(entry, _min_util_pct()))))
+        # collector never scans (held until the flush, thousands of a sample's objects a
+        # second were promoted to the oldest generation, and each of its full collections
+        # stopped the process for up to a quarter of a second).
+        self.pending.setdefault(cluster_id, {})[sample.node_id] = encode_entry(sample)
+        reading = self.node_minute.add(sample, _min_util_pct())
+        self.pending_readings.append(orjson.dumps(encode_reading(cluster_id, reading)))
         self.recorded += 1
-        self.node_minute.add(entry)
 
     async def flush(self):
         pending, self.pending = self.pending, {}
@@ -168,7 +185,7 @@ class RedisLiveStore:
 
         with redis.Redis.from_url(self.url) as client:
             raw = client.hget(LIVE_KEY.format(cluster_id=cluster_id), node_id)
-        return None if raw is None else _decode(raw)
+        return None if raw is None else decode_entry(raw)
 
     async def close(self):
         if self._client is not None:

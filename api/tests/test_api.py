@@ -330,7 +330,7 @@ def test_one_node_comes_with_its_hygiene_readings_and_an_operator_cleans_it_up(
         cluster, api_as, settings):
     import time
 
-    from gateway.protocol import live_entry
+    from gateway.protocol import live_sample
     from nodes.live_store import get_live_store, reset_live_store
     from nodes.models import AgentCommand
 
@@ -340,7 +340,7 @@ def test_one_node_comes_with_its_hygiene_readings_and_an_operator_cleans_it_up(
     frame = {"type": "sample", "seq": 1, "ts": time.time(), "gpus": [], "node": {}}
     hygiene = {"processes": {"zombies": 12, "orphans": 3, "tasks": 500, "pid_max": 32768,
                              "checked_at": 1.0}}
-    get_live_store().record(cluster.pk, live_entry(frame, node_id=node.pk,
+    get_live_store().record(cluster.pk, live_sample(frame, node_id=node.pk,
                                                    received_at=time.time(), memory_totals={},
                                                    hygiene=hygiene))
     client, operator = api_as(Role.OPERATOR)

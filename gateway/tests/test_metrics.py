@@ -4,7 +4,7 @@ import time
 import pytest
 
 from healthchecks.models import HealthEvent
-from gateway.protocol import live_entry
+from gateway.protocol import live_sample
 from nodes.live_store import get_live_store, reset_live_store
 
 from nodes.tests.factories import GpuFactory, NodeFactory
@@ -43,7 +43,7 @@ def test_metrics_use_dcgm_names_and_labels(client, cluster, memory_store, scrapi
                        "mem_used_bytes": 1703936000, "temp_c": 56, "power_w": 693.463,
                        "sm_clock_mhz": 1455, "clock_event_reasons": 4, "ecc_dbe_volatile": 0,
                        "pcie_tx_bps": 7213056, "pcie_rx_bps": None}]}
-    memory_store.record(cluster.pk, live_entry(frame, node_id=node.pk, received_at=time.time(),
+    memory_store.record(cluster.pk, live_sample(frame, node_id=node.pk, received_at=time.time(),
                                                memory_totals={gpu.uuid: 150754820096}))
 
     response = scrape(client)
@@ -78,7 +78,7 @@ def test_gpu_activity_is_exported_as_dcgms_profiling_ratios(client, cluster, mem
         {"uuid": ampere.uuid, "util_pct": 100, "gr_engine_active_pct": None,
          "sm_active_pct": None, "sm_occupancy_pct": None, "tensor_active_pct": None,
          "dram_active_pct": None}]}
-    memory_store.record(cluster.pk, live_entry(frame, node_id=node.pk, received_at=time.time(),
+    memory_store.record(cluster.pk, live_sample(frame, node_id=node.pk, received_at=time.time(),
                                                memory_totals={}))
 
     text = scrape(client).text
@@ -97,7 +97,7 @@ def test_a_silent_node_has_no_current_values(client, cluster, memory_store, scra
     node = NodeFactory(cluster=cluster)
     gpu = GpuFactory(node=node)
     frame = {"type": "sample", "seq": 1, "ts": 0, "gpus": [{"uuid": gpu.uuid, "util_pct": 5}]}
-    memory_store.record(cluster.pk, live_entry(frame, node_id=node.pk,
+    memory_store.record(cluster.pk, live_sample(frame, node_id=node.pk,
                                                received_at=time.time() - 60, memory_totals={}))
     assert "DCGM_FI_DEV_GPU_UTIL{" not in scrape(client).text
 
@@ -126,7 +126,7 @@ def test_a_scrape_per_cluster_holds_that_clusters_series_only(client, cluster, m
     for owner in (cluster, other):
         gpu = GpuFactory(node=NodeFactory(cluster=owner))
         uuids[owner.slug] = gpu.uuid
-        memory_store.record(owner.pk, live_entry(sample_of(gpu), node_id=gpu.node_id,
+        memory_store.record(owner.pk, live_sample(sample_of(gpu), node_id=gpu.node_id,
                                                  received_at=time.time(), memory_totals={}))
 
     one = client.get(f"/metrics?cluster={cluster.slug}",

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from healthchecks.services import do_record_health_event
 from nodes.choices import NodeState
-from gateway.protocol import live_entry
+from gateway.protocol import live_sample
 from nodes.live_store import get_live_store, reset_live_store
 from gateway.metrics import render_metrics
 from notifications.models import Alert
@@ -61,7 +61,7 @@ def test_the_console_series_count_what_the_console_holds(cluster, memory_store):
     hygiene = {"slurmd": {"state": "stopped", "restarts": 3},
                "processes": {"zombies": 12, "tasks": 8192, "pid_max": 32768},
                "gres": {"match": False, "nvml_gpus": 8, "slurm_gpus": 7}}
-    memory_store.record(cluster.pk, live_entry(frame, node_id=healthy.pk,
+    memory_store.record(cluster.pk, live_sample(frame, node_id=healthy.pk,
                                                received_at=now_ts - 2, memory_totals={},
                                                hygiene=hygiene))
 

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from gateway.protocol import known_hygiene, live_entry
+from gateway.protocol import known_hygiene, live_sample
+from nodes.live_store import MemoryLiveStore
 from gateway.protocol import BadFrame, fast_sample, parse_frame
 
 HYGIENE = {
@@ -61,7 +62,10 @@ def test_the_live_entry_keeps_the_known_hygiene_fields_only():
     sent["something_new"] = {"a": 1}
     kept = known_hygiene(sent)
     assert kept == HYGIENE
-    entry = live_entry(SAMPLE, node_id=1, received_at=1.0, memory_totals={}, hygiene=kept)
-    assert entry["hygiene"] == HYGIENE
+    store = MemoryLiveStore()
+    store.record(1, live_sample(SAMPLE, node_id=1, received_at=1.0, memory_totals={},
+                                hygiene=kept))
+    assert store.read_node(1, 1)["hygiene"] == HYGIENE
     assert known_hygiene(None) is None
-    assert live_entry(SAMPLE, node_id=1, received_at=1.0, memory_totals={})["hygiene"] is None
+    store.record(1, live_sample(SAMPLE, node_id=1, received_at=2.0, memory_totals={}))
+    assert store.read_node(1, 1)["hygiene"] is None

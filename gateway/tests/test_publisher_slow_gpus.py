@@ -9,7 +9,7 @@ from channels.layers import InMemoryChannelLayer
 from healthchecks.models import HealthEvent
 from healthchecks.tests.test_slow_gpus import AT_LOAD, CAPPED
 from nodes.choices import NodeState
-from gateway.protocol import live_entry
+from gateway.protocol import live_sample
 from nodes.live_store import MemoryLiveStore
 from nodes.models import Node
 from gateway.publisher import Publisher
@@ -35,7 +35,7 @@ def record_tick(store, cluster, fleet, second, *, slow_gpu=None, slow=CAPPED):
                                           AT_LOAD[(second + 7 * gpu.index) % len(AT_LOAD)])}
                     for gpu in gpus]
         frame = {"type": "sample", "seq": second, "ts": at, "gpus": readings, "node": {}}
-        store.record(cluster.pk, live_entry(frame, node_id=node.pk, received_at=at - 0.2,
+        store.record(cluster.pk, live_sample(frame, node_id=node.pk, received_at=at - 0.2,
                                             memory_totals={}))
 
 

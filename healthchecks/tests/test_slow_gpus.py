@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from healthchecks.slow_gpus import Closing, SlowGpuLimits, SlowGpuWatch
-from nodes.live_fold import gpu_at_load
+from nodes.live_fold import GPU_AT_LOAD
 
 TRACE = json.loads((Path(__file__).resolve().parents[2] / "agent" / "data" / "h200"
                     / "nvml_trace.json").read_text())
@@ -53,7 +53,7 @@ def entries(tick, *, nodes=2, slow=None, idle=()):
                 gpu = slow
             if (node_id, uuid) in idle:
                 gpu = IDLE
-            gpus.append(gpu_at_load({"uuid": uuid, **gpu}))
+            gpus.append(tuple({"uuid": uuid, **gpu}.get(field) for field in GPU_AT_LOAD))
         result.append((node_id, tuple(gpus)))
     return result
 

@@ -4,7 +4,6 @@ import json
 import time
 from datetime import datetime, timedelta, timezone as dt_timezone
 
-import orjson
 import pytest
 from channels.db import database_sync_to_async
 from channels.layers import InMemoryChannelLayer
@@ -15,7 +14,7 @@ from clusterui.asgi import application
 from healthchecks.models import HealthEvent
 from nodes.choices import NodeState
 from healthchecks.heartbeats import sweep_heartbeats
-from gateway.protocol import live_entry
+from gateway.protocol import live_sample
 from nodes.live_store import MemoryLiveStore
 from nodes.models import ClusterRollup, Node, NodeRollup, PublisherStatus
 from common.groups import cluster_group
@@ -34,7 +33,7 @@ def entry(node, util, mem_used, *, received_at, net=1e9, sm_active=None):
                       for i in range(2)],
              "node": {"net_rx_bps": net, "net_tx_bps": net, "cpu_pct": 10.0}}
     totals = {f"{node.name}-GPU-{i}": 100 * GIB for i in range(2)}
-    return live_entry(frame, node_id=node.pk, received_at=received_at, memory_totals=totals)
+    return live_sample(frame, node_id=node.pk, received_at=received_at, memory_totals=totals)
 
 
 @pytest.fixture
@@ -266,7 +265,9 @@ def test_a_sample_keeps_what_the_overview_needs():
     class FakeNode:
         pk, name = 7, "gpu-007"
 
-    kept = entry(FakeNode, 99, 5 * GIB, received_at=time.time())
+    store = MemoryLiveStore()
+    store.record(1, entry(FakeNode, 99, 5 * GIB, received_at=time.time()))
+    kept = store.read_node(1, 7)
     assert kept["node_id"] == 7 and kept["gpus"][0]["mem_total_bytes"] == 100 * GIB
 
 
@@ -281,11 +282,11 @@ def test_a_live_entry_keeps_the_protocols_fields_and_nothing_else():
     frame = {"type": "sample", "seq": 3, "ts": 1.5, "future": "f" * 500_000,
              "gpus": [{"uuid": "GPU-1", "temp_c": 55, "vendor_extra": deep}],
              "node": {"cpu_pct": 7.5, "extra": ["e" * 1000]}}
-    entry = live_entry(frame, node_id=4, received_at=2.0, memory_totals={"GPU-1": 80})
+    store = MemoryLiveStore()
+    store.record(1, live_sample(frame, node_id=4, received_at=2.0, memory_totals={"GPU-1": 80}))
+    assert len(store.latest[1][4]) < 1000
+    entry = store.read_node(1, 4)
     [gpu] = entry["gpus"]
     assert gpu["temp_c"] == 55 and gpu["mem_total_bytes"] == 80 and "vendor_extra" not in gpu
     assert entry["node"]["cpu_pct"] == 7.5 and "extra" not in entry["node"]
     assert "future" not in entry
-    store = MemoryLiveStore()
-    store.record(1, entry)
-    assert len(orjson.dumps(store.latest[1][4])) < 1000

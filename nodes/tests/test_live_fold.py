@@ -6,9 +6,9 @@ from datetime import datetime, timedelta, timezone as dt_timezone
 
 import pytest
 
-from gateway.protocol import live_entry
-from nodes.live_fold import ClusterFold, NodeMinute, node_reading
-from nodes.live_store import MemoryLiveStore
+from gateway.protocol import live_sample
+from nodes.live_fold import ClusterFold, NodeMinute
+from nodes.live_store import MemoryLiveStore, decode_entry, encode_entry
 from nodes.rollups import reading
 
 GIB = 2**30
@@ -16,7 +16,7 @@ STALE_S = 15.0
 
 
 def sample(node_id, received_at, rng):
-    """A live entry of 8 GPUs with every kind of reading a sample may carry: missing, out of
+    """A LiveSample of 8 GPUs with every kind of reading a sample may carry: missing, out of
     range, a GPU whose memory total is unknown."""
     gpus = []
     totals = {}
@@ -34,13 +34,23 @@ def sample(node_id, received_at, rng):
     frame = {"type": "sample", "seq": 1, "ts": received_at, "gpus": gpus,
              "node": {"net_rx_bps": rng.choice([None, rng.uniform(0, 4e11)]),
                       "net_tx_bps": rng.uniform(0, 4e11), "cpu_pct": 10.0}}
-    return live_entry(frame, node_id=node_id, received_at=received_at, memory_totals=totals)
+    return live_sample(frame, node_id=node_id, received_at=received_at, memory_totals=totals)
+
+
+def node_reading(sample, min_util_pct):
+    """The sample's NodeReading, as the live store's record() has it made."""
+    return NodeMinute().add(sample, min_util_pct)
+
+
+def as_entry(sample):
+    """The sample's entry, as the live store's readers have it."""
+    return decode_entry(encode_entry(sample))
 
 
 def usage_by_adding_up(latest, now_ts):
     """What the publisher computed before the fold: every fresh node's latest sample, added."""
     utils, used, total, net, gpus = [], 0, 0, 0.0, 0
-    for entry in latest.values():
+    for entry in map(as_entry, latest.values()):
         if now_ts - entry["received_at"] > STALE_S:
             continue
         for gpu in entry["gpus"]:
@@ -82,7 +92,7 @@ def test_the_running_sums_are_the_sum_of_every_fresh_nodes_latest_sample():
                 fold.add(node_reading(entry, 90.0))
         fold.expire(now_ts - STALE_S)
         assert_same_usage(fold.usage(), usage_by_adding_up(latest, now_ts))
-        fresh = {n for n, e in latest.items() if now_ts - e["received_at"] <= STALE_S}
+        fresh = {n for n, e in latest.items() if now_ts - e.received_at <= STALE_S}
         assert set(fold.readings) == fresh
     assert len(fold.by_age) < 50 * (STALE_S + 3)  # replaced readings leave the heap too
 
@@ -103,8 +113,8 @@ def test_only_gpus_at_load_with_a_clock_reach_the_slow_gpu_rule():
     rng = random.Random(2)
     entry = sample(1, 1000.0, rng)
     at_load = node_reading(entry, 90.0).at_load
-    expected = [gpu["uuid"] for gpu in entry["gpus"] if gpu["util_pct"] is not None
-                and gpu["util_pct"] >= 90.0 and gpu["sm_clock_mhz"] is not None]
+    expected = [gpu.uuid for gpu in entry.gpus if gpu.util_pct is not None
+                and gpu.util_pct >= 90.0 and gpu.sm_clock_mhz is not None]
     assert [gpu[0] for gpu in at_load] == expected
     assert all(gpu[3:] == (50, 600.0, 4) for gpu in at_load)
 
@@ -115,8 +125,8 @@ def test_a_nodes_minute_is_the_mean_and_peak_of_its_samples():
     rng = random.Random(3)
     for second, util in [(1, 10.0), (2, 20.0), (50, 60.0)]:
         entry = sample(7, (minute + timedelta(seconds=second)).timestamp(), rng)
-        entry["gpus"][0]["util_pct"] = util
-        node_minute.add(entry)
+        entry.gpus[0].util_pct = util
+        node_minute.add(entry, 90.0)
     assert node_minute.finish_if_new_minute(minute + timedelta(seconds=59)) is None
     finished_minute, gpus, nodes = node_minute.finish_if_new_minute(minute + timedelta(minutes=1))
     assert finished_minute == minute and list(nodes) == [7]
@@ -130,7 +140,7 @@ def test_the_embedded_store_folds_what_it_records():
     entry = sample(3, 1000.0, rng)
     store.record(9, entry)
     assert store.fold.cluster(9).readings[3] == node_reading(entry, 90.0)
-    assert store.read_node(9, 3) is entry
+    assert store.read_node(9, 3) == as_entry(entry)
 
 
 @pytest.mark.asyncio
@@ -160,7 +170,7 @@ async def test_in_production_the_leader_folds_the_readings_of_every_process(redi
         assert [tuple(gpu) for gpu in folded.at_load] == list(expected.at_load)
         assert_same_usage(cluster_fold.usage(), usage_by_adding_up(latest, 1001.0))
         assert (await leader.read_fold()).cluster(1).take_heard() == {
-            node_id: entry["received_at"] for node_id, entry in latest.items()}
+            node_id: entry.received_at for node_id, entry in latest.items()}
         assert (await leader.read_fold()).cluster(1).take_heard() == {}  # each read once
     finally:
         for store in (first, second, leader):

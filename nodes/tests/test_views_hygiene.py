@@ -11,7 +11,7 @@ from django.urls import reverse
 from clusters.models import AuditEntry
 from healthchecks.models import HealthEvent
 from gateway.ingest import ingest_events
-from gateway.protocol import known_hygiene, live_entry
+from gateway.protocol import known_hygiene, live_sample
 from nodes.live_store import get_live_store, reset_live_store
 from nodes.models import AgentCommand
 from nodes.services import do_record_command_result
@@ -54,7 +54,7 @@ def node(cluster):
 
 def report(node, store, hygiene=HYGIENE, received_at=None):
     frame = {"type": "sample", "seq": 1, "ts": time.time(), "gpus": [], "node": {}}
-    store.record(node.cluster_id, live_entry(frame, node_id=node.pk,
+    store.record(node.cluster_id, live_sample(frame, node_id=node.pk,
                                              received_at=received_at or time.time(),
                                              memory_totals={}, hygiene=known_hygiene(hygiene)))
 

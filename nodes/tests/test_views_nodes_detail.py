@@ -11,7 +11,7 @@ from django.utils import timezone
 from clusters.models import AuditEntry, Cluster, validate_ssh_command_template
 from clusters.tests.factories import UserFactory
 from clusters.roles import Role
-from gateway.protocol import live_entry
+from gateway.protocol import live_sample
 from nodes.live_store import get_live_store, reset_live_store
 from nodes.models import NodeRollup
 
@@ -85,13 +85,13 @@ def test_the_live_endpoint_gives_the_latest_fresh_sample_per_gpu(client_for, vie
     frame = {"type": "sample", "seq": 3, "ts": now - 0.2, "node": {},
              "gpus": [{"uuid": "GPU-a", "util_pct": 97, "mem_used_bytes": 5, "temp_c": 71,
                        "power_w": 650.5, "sm_clock_mhz": 1980, "sm_active_pct": 88.5}]}
-    store.record(node.cluster_id, live_entry(frame, node_id=node.pk, received_at=now,
+    store.record(node.cluster_id, live_sample(frame, node_id=node.pk, received_at=now,
                                              memory_totals={}))
     assert client.get(url).json() == {"at": now - 0.2, "gpus": {"GPU-a": {
         "util_pct": 97, "sm_active_pct": 88.5, "mem_used_bytes": 5, "temp_c": 71,
         "power_w": 650.5}}}
 
-    store.record(node.cluster_id, live_entry(frame, node_id=node.pk, received_at=now - 3600,
+    store.record(node.cluster_id, live_sample(frame, node_id=node.pk, received_at=now - 3600,
                                              memory_totals={}))
     assert client.get(url).json()["at"] is None  # stale
 
@@ -106,7 +106,7 @@ def test_in_production_the_live_endpoint_reads_its_one_node_from_redis(client_fo
     for each, util in [(node, 97), (other, 3)]:
         frame = {"type": "sample", "seq": 1, "ts": now, "node": {},
                  "gpus": [{"uuid": f"GPU-{each.name}", "util_pct": util}]}
-        writer.record(node.cluster_id, live_entry(frame, node_id=each.pk, received_at=now,
+        writer.record(node.cluster_id, live_sample(frame, node_id=each.pk, received_at=now,
                                                   memory_totals={}))
     asyncio.run(writer.flush())
     reset_live_store()  # the view reads on a connection of its own, as another process

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from healthchecks.models import HealthEvent
 from nodes.choices import NodeState
-from gateway.protocol import live_entry
+from gateway.protocol import live_sample
 from nodes.live_store import get_live_store, reset_live_store
 from nodes.models import Gpu, Node
 
@@ -43,7 +43,7 @@ def record_sample(store, node, utils, *, temps=None, received_at=None):
                        "temp_c": temp, "power_w": 500.0} for i, (util, temp) in
                       enumerate(zip(utils, temps))]}
     totals = {f"{node.name}-{i}": 80 * GIB for i in range(len(utils))}
-    store.record(node.cluster_id, live_entry(frame, node_id=node.pk, received_at=received_at,
+    store.record(node.cluster_id, live_sample(frame, node_id=node.pk, received_at=received_at,
                                              memory_totals=totals))
 
 
