@@ -222,6 +222,7 @@ class Publisher:
         except Exception:
             logger.exception("renewing the publisher's lease failed; not leading")
             self.leading = False
+        self.store.set_leading(self.leading)
         return self.leading and not was_leading
 
     async def tick(self, just_started):

@@ -14,7 +14,8 @@ Readers get it as a dict (decode_entry).
 - RedisLiveStore (production): record() buffers the entry and its reading, encoded;
   flush() writes the entries to one Redis hash per cluster, so that every server process
   reads the whole fleet (pages, /metrics), and appends the readings to one Redis list, in
-  one pipeline. The leader's read_fold() takes the list's readings into its fold.
+  one pipeline. The leader's read_fold() takes the list's readings into its fold; its own
+  readings it folds as it records them (set_leading), without the round trip.
 """
 
 import asyncio
@@ -93,6 +94,9 @@ class MemoryLiveStore:
         self.latest.setdefault(cluster_id, {})[sample.node_id] = encode_entry(sample)
         self.fold.add(cluster_id, self.node_minute.add(sample, _min_util_pct()))
 
+    def set_leading(self, leading):
+        """The one process folds every reading, leading or not."""
+
     async def flush(self):
         return 0
 
@@ -121,6 +125,7 @@ class RedisLiveStore:
         self.recorded = 0  # samples recorded since the last flush
         self.fold = LiveFold()  # every process's readings; read_fold() fills it (the leader)
         self.node_minute = NodeMinute()  # of this process's samples
+        self.leading = False  # the publisher's leader: its own readings go into its fold
         self._client = None
 
     @property
@@ -138,8 +143,17 @@ class RedisLiveStore:
         # stopped the process for up to a quarter of a second).
         self.pending.setdefault(cluster_id, {})[sample.node_id] = encode_entry(sample)
         reading = self.node_minute.add(sample, _min_util_pct())
-        self.pending_readings.append(orjson.dumps(encode_reading(cluster_id, reading)))
+        if self.leading:
+            self.fold.add(cluster_id, reading)
+        else:
+            self.pending_readings.append(orjson.dumps(encode_reading(cluster_id, reading)))
         self.recorded += 1
+
+    def set_leading(self, leading):
+        """Whether this process leads the publisher now (its lease, renewed every second).
+        A reading recorded while it leads goes straight into its fold; the others' come
+        through Redis. One that loses the lease sends its readings to the new leader again."""
+        self.leading = leading
 
     async def flush(self):
         pending, self.pending = self.pending, {}
@@ -153,9 +167,10 @@ class RedisLiveStore:
                 key = LIVE_KEY.format(cluster_id=cluster_id)
                 pipe.hset(key, mapping=entries)
                 pipe.expire(key, LIVE_TTL_S)
-            pipe.rpush(READINGS_KEY, b"[" + b",".join(readings) + b"]")
-            pipe.ltrim(READINGS_KEY, -READINGS_KEPT, -1)
-            pipe.expire(READINGS_KEY, READINGS_TTL_S)
+            if readings:
+                pipe.rpush(READINGS_KEY, b"[" + b",".join(readings) + b"]")
+                pipe.ltrim(READINGS_KEY, -READINGS_KEPT, -1)
+                pipe.expire(READINGS_KEY, READINGS_TTL_S)
             await pipe.execute()
         return sum(len(entries) for entries in pending.values())
 

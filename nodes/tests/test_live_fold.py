@@ -175,3 +175,32 @@ async def test_in_production_the_leader_folds_the_readings_of_every_process(redi
     finally:
         for store in (first, second, leader):
             await store.close()
+
+
+@pytest.mark.asyncio
+async def test_the_leader_folds_its_own_readings_as_it_records_them(redis_live_store):
+    """The leader's own samples skip the round trip through Redis; another process's reach
+    it through Redis; and one that stops leading sends its readings to the new leader."""
+    rng = random.Random(6)
+    leader, other = redis_live_store(), redis_live_store()
+    leader.set_leading(True)
+    own, others = sample(1, 1000.0, rng), sample(2, 1000.0, rng)
+    try:
+        leader.record(1, own)
+        assert leader.fold.cluster(1).readings[1] == node_reading(own, 90.0)
+        other.record(1, others)
+        await leader.flush()
+        await other.flush()
+        fold = await leader.read_fold()
+        assert set(fold.cluster(1).readings) == {1, 2}
+        assert fold.cluster(1).take_heard() == {1: 1000.0, 2: 1000.0}  # each heard once
+
+        leader.set_leading(False)
+        other.set_leading(True)
+        leader.record(1, sample(1, 1001.0, rng))
+        await leader.flush()
+        assert (await other.read_fold()).cluster(1).take_heard() == {1: 1001.0}
+        assert leader.read_node(1, 1)["received_at"] == 1001.0  # every process reads the hash
+    finally:
+        for store in (leader, other):
+            await store.close()
