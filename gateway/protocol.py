@@ -43,6 +43,7 @@ import msgspec
 import orjson
 
 from nodes.live_fold import LiveSample
+from nodes.rollups import READING_MAX, reading
 
 MAX_FRAME_BYTES = 1024 * 1024
 INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
@@ -378,9 +379,13 @@ def _refuse_constant(name):
 # The sample fast path: msgspec decodes a sample and checks it against these types in one
 # pass. They are the protocol's sample fields only, each of its type, so whatever else a
 # sample holds (a field this server does not know, `hygiene`) goes the exact way, as does a
-# NUL ("\\u0000" in the text), which msgspec takes and the exact way refuses.
+# NUL ("\\u0000" in the text), which msgspec takes and the exact way refuses. So does a
+# reading beyond READING_MAX, which PROTOCOL.md lets through but which is no measurement:
+# the live store never holds one (as_fast_sample), and adds up what it holds unchecked.
 _Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
-_FAST_KINDS = {_number: Union[_Int64, float, None], _integer: Optional[_Int64]}
+_Reading = Union[Annotated[int, msgspec.Meta(ge=-int(READING_MAX), le=int(READING_MAX))],
+                 Annotated[float, msgspec.Meta(ge=-READING_MAX, le=READING_MAX)], None]
+_FAST_KINDS = {_number: _Reading, _integer: Optional[_Int64]}
 # A GPU's and a node's readings hold numbers and strings only: the garbage collector need
 # not track them (gc=False), and does not, at thousands a second.
 _SampleGpu = msgspec.defstruct(
@@ -516,10 +521,16 @@ def live_sample(frame, *, node_id, received_at, memory_totals, hygiene=None):
 
 def as_fast_sample(frame):
     """An exact_frame() sample as a FastSample: its protocol fields, which exact_frame()
-    has held to the same types and limits as the fast path's."""
+    has held to the same types and limits as the fast path's, and a reading beyond
+    READING_MAX as no reading."""
     node = frame.get("node")
     return msgspec.convert({
         "type": "sample", "seq": frame["seq"], "ts": frame["ts"],
-        "gpus": [{field: gpu.get(field) for field in SAMPLE_GPU} for gpu in frame["gpus"]],
-        "node": None if node is None else {field: node.get(field) for field in SAMPLE_NODE},
+        "gpus": [_known_fields(gpu, SAMPLE_GPU) for gpu in frame["gpus"]],
+        "node": None if node is None else _known_fields(node, SAMPLE_NODE),
     }, FastSample)
+
+
+def _known_fields(readings, schema):
+    return {field: reading(readings.get(field)) if kind is _number else readings.get(field)
+            for field, (kind, _) in schema.items()}

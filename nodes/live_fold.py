@@ -21,8 +21,8 @@ from datetime import datetime, timezone as dt_timezone
 from operator import attrgetter
 from typing import NamedTuple
 
-from .rollups import (CLUSTER_METRICS, GPU_METRICS, NODE_METRICS, READING_MAX, add_readings,
-                      add_values, reading)
+from .rollups import (CLUSTER_METRICS, GPU_METRICS, NODE_METRICS, add_readings, add_values,
+                      reading)
 
 
 class LiveSample(NamedTuple):
@@ -32,6 +32,7 @@ class LiveSample(NamedTuple):
     received_at: float  # Unix seconds, the server's clock
     seq: int
     ts: float  # the agent's clock
+    # Readings are None or within READING_MAX (nodes/rollups.py): added up unchecked here.
     gpus: list  # each with the protocol's GPU fields as attributes (None: no reading)
     mem_totals: list  # each GPU's memory in bytes, from the node's hello (None: not told)
     node: object  # the protocol's node fields as attributes
@@ -199,21 +200,19 @@ class NodeMinute:
             add_readings(stats, values)
             util, sm_active, gpu_used = values[_UTIL], values[_SM_ACTIVE], values[_MEM_USED]
             if util is not None:
-                if -READING_MAX <= util <= READING_MAX:
-                    util_sum += util
-                    util_count += 1
+                util_sum += util
+                util_count += 1
                 if util >= min_util_pct and gpu.sm_clock_mhz is not None:
                     at_load.append(gpu_at_load(gpu))
-            if sm_active is not None and -READING_MAX <= sm_active <= READING_MAX:
+            if sm_active is not None:
                 sm_active_sum += sm_active
                 sm_active_count += 1
-            if (gpu_used is not None and -READING_MAX <= gpu_used <= READING_MAX
-                    and reading(gpu_total)):
+            if gpu_used is not None and reading(gpu_total):  # (a total is the hello's)
                 used += gpu_used
                 total += gpu_total
         node = sample.node
         add_readings(self.nodes[node_id], _node_metric_values(node))
-        net = (reading(node.net_rx_bps) or 0) + (reading(node.net_tx_bps) or 0)
+        net = (node.net_rx_bps or 0) + (node.net_tx_bps or 0)
         return NodeReading(node_id, sample.received_at, len(sample.gpus), util_sum, util_count,
                            used, total, net, sm_active_sum, sm_active_count, tuple(at_load))
 

@@ -33,15 +33,15 @@ def reading(value):
 
 def add_values(stats, record, metrics):
     """Add the values of `metrics` in the dict `record` to the flat list `stats`."""
-    add_readings(stats, [record.get(metric) for metric in metrics])
+    add_readings(stats, [reading(record.get(metric)) for metric in metrics])
 
 
 def add_readings(stats, values):
-    """Add `values` (one per metric, in the metrics' order; None: no reading) to the flat
-    list `stats`."""
+    """Add `values` (one per metric, in the metrics' order; None: no reading), each within
+    READING_MAX, to the flat list `stats`."""
     offset = 0
     for value in values:
-        if value is not None and -READING_MAX <= value <= READING_MAX:
+        if value is not None:
             stats[offset] += value
             stats[offset + 1] += 1
             peak = stats[offset + 2]

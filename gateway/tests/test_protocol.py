@@ -13,6 +13,7 @@ from gateway.protocol import (
     _check_fields,
     _check_values,
     fast_sample,
+    live_sample,
     parse_frame,
 )
 
@@ -83,6 +84,21 @@ def test_the_sample_fast_path_reads_a_sample_with_every_field_present():
     assert frame.node is None
     assert msgspec.to_builtins(frame.gpus[0]) == {field: None for field in SAMPLE_GPU} | {
         "uuid": "GPU-dd6e", "temp_c": 40}
+
+
+@pytest.mark.parametrize("value", [1e300, -2e18, 2 * 10 ** 18])
+def test_a_reading_beyond_reading_max_is_valid_and_the_live_store_takes_it_as_none(value):
+    """PROTOCOL.md lets any finite number through; the live store adds up what it holds
+    unchecked, so it holds no reading beyond READING_MAX (nodes/rollups.py)."""
+    gpu = {**SAMPLE["gpus"][0], "temp_c": value}
+    text = json.dumps({**SAMPLE, "gpus": [gpu], "node": {"cpu_pct": value, "net_rx_bps": 5}})
+    assert fast_sample(text) is None
+    frame = parse_frame(text)
+    assert frame["gpus"][0]["temp_c"] == value and frame["node"]["cpu_pct"] == value
+    kept = live_sample(frame, node_id=1, received_at=1.0, memory_totals={"GPU-dd6e": 10})
+    assert kept.gpus[0].temp_c is None and kept.gpus[0].power_w == 690.4
+    assert kept.node.cpu_pct is None and kept.node.net_rx_bps == 5
+    assert kept.gpus[0].clock_event_reasons == 4  # a bitmask, not a reading
 
 
 def test_optional_fields_may_be_null_or_absent():
