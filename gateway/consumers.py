@@ -210,7 +210,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # Channels closes stale database connections before every message: a hop to a worker
         # thread per sample. This consumer reaches the database only through
         # database_sync_to_async, which does that itself, so the sample path skips the hop
-        # (shared/notes/ingest-performance.md: 30-45 % of the CPU per frame).
+        # (shared/notes/ingest-performance.md: 30-45 % of the CPU per frame). A frame, most
+        # messages, goes straight to receive(), as websocket_receive() would send it.
+        if message["type"] == "websocket.receive":
+            await self.receive(message.get("text"), message.get("bytes"))
+            return
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
