@@ -90,6 +90,10 @@ class ClusterFold:
     def add(self, node_reading):
         old = self.readings.get(node_reading.node_id)
         if old is not None:
+            if old.received_at > node_reading.received_at:
+                # An older reading come late: the node moved to the leader's own process,
+                # whose readings are folded at once, from one whose come through Redis.
+                return
             self._subtract(old)
         self.readings[node_reading.node_id] = node_reading
         for i, value in enumerate(node_reading[SUMMED]):

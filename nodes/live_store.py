@@ -64,8 +64,10 @@ def decode_entry(raw):
     """An entry as readers have it: {node_id, seq, ts, received_at, gpus, node, hygiene},
     each GPU a dict of the protocol's fields and its mem_total_bytes."""
     entry = orjson.loads(raw)
-    for gpu, total in zip(entry["gpus"], entry.pop("mem_totals")):
-        gpu["mem_total_bytes"] = total
+    totals = entry.pop("mem_totals", None)
+    if totals is not None:  # (an entry written before 2026-12-04 holds each GPU's total)
+        for gpu, total in zip(entry["gpus"], totals):
+            gpu["mem_total_bytes"] = total
     return entry
 
 
@@ -152,7 +154,9 @@ class RedisLiveStore:
     def set_leading(self, leading):
         """Whether this process leads the publisher now (its lease, renewed every second).
         A reading recorded while it leads goes straight into its fold; the others' come
-        through Redis. One that loses the lease sends its readings to the new leader again."""
+        through Redis. One that loses the lease sends its readings to the new leader again
+        once it knows (its next renewal, within a second): until then they stay in its own
+        fold, and the nodes reach the new leader's with their next samples."""
         self.leading = leading
 
     async def flush(self):

@@ -4,6 +4,7 @@ node's latest sample gives, in embedded mode and across server processes through
 import random
 from datetime import datetime, timedelta, timezone as dt_timezone
 
+import orjson
 import pytest
 
 from gateway.protocol import live_sample
@@ -79,7 +80,7 @@ def assert_same_usage(folded, added):
 def test_the_running_sums_are_the_sum_of_every_fresh_nodes_latest_sample():
     """600 ticks of 50 nodes that report at random, some out of order, some going silent for
     longer than the stale time and coming back: after every tick the fold's usage is what
-    adding up the fresh latest samples gives."""
+    adding up each fresh node's newest sample gives."""
     rng = random.Random(25)
     fold, latest = ClusterFold(), {}
     for tick in range(600):
@@ -88,7 +89,8 @@ def test_the_running_sums_are_the_sum_of_every_fresh_nodes_latest_sample():
             silent = (tick // 40 + node_id) % 5 == 0  # 40 s silences
             if not silent and rng.random() < 0.6:
                 entry = sample(node_id, now_ts - rng.uniform(0, 2), rng)
-                latest[node_id] = entry
+                if node_id not in latest or entry.received_at >= latest[node_id].received_at:
+                    latest[node_id] = entry  # an older reading come late is not taken
                 fold.add(node_reading(entry, 90.0))
         fold.expire(now_ts - STALE_S)
         assert_same_usage(fold.usage(), usage_by_adding_up(latest, now_ts))
@@ -204,3 +206,24 @@ async def test_the_leader_folds_its_own_readings_as_it_records_them(redis_live_s
     finally:
         for store in (leader, other):
             await store.close()
+
+
+def test_an_entry_written_before_the_memory_totals_moved_out_of_the_gpus_still_reads():
+    """Entries of nodes that stopped reporting stay in a cluster's hash through an upgrade."""
+    old = {"node_id": 3, "seq": 1, "ts": 1.0, "received_at": 1.0, "hygiene": None,
+           "gpus": [{"uuid": "GPU-1", "util_pct": 5, "mem_total_bytes": 80}],
+           "node": {"cpu_pct": 1.0}}
+    assert decode_entry(orjson.dumps(old)) == old
+
+
+def test_an_older_reading_come_late_does_not_replace_a_newer_one():
+    """A node that moved to the leader's own process: its last reading from the process it
+    left reaches the fold through Redis after newer ones."""
+    rng = random.Random(7)
+    fold = ClusterFold()
+    newer, older = sample(1, 1001.0, rng), sample(1, 1000.5, rng)
+    fold.add(node_reading(newer, 90.0))
+    fold.add(node_reading(older, 90.0))
+    assert fold.readings[1] == node_reading(newer, 90.0)
+    assert fold.take_heard() == {1: 1001.0}
+    assert_same_usage(fold.usage(), usage_by_adding_up({1: newer}, 1001.0))
