@@ -1,8 +1,9 @@
 """The agent protocol's frames (shared/PROTOCOL.md, version 1): parsing and validation.
 
-Pure functions, no database: the consumer calls parse_frame() on every text frame and gets
-either a validated dict or BadFrame with a message naming the field, e.g.
-"sample.gpus[0].temp_c: expected a number".
+Pure functions, no database: a text frame is either valid or BadFrame with a message naming
+the field, e.g. "sample.gpus[0].temp_c: expected a number". parse_frame() gives a valid
+frame as a dict; the consumer calls fast_sample() and exact_frame() itself, so that a sample
+on the fast path stays a FastSample (msgspec's structs) all the way into the live store.
 
 Every value a frame carries is held to PROTOCOL.md's Limits before anything stores it:
 every string is valid Unicode without NUL, every number finite, every integer within 64
@@ -28,7 +29,8 @@ limit classes:
 
 Samples are most of the traffic (one a second from every node), so they take a fast path:
 msgspec decodes and checks them in one pass against types made from the schema below
-(fast_sample). Whatever the fast path does not accept outright goes the exact way every
+(fast_sample), and a sample that went the exact way is made into the same structs
+(as_fast_sample). Whatever the fast path does not accept outright goes the exact way every
 other frame goes: the standard library's json and the schema, which write the error
 messages.
 """
