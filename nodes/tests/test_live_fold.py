@@ -10,30 +10,36 @@ import pytest
 from gateway.protocol import live_sample
 from nodes.live_fold import ClusterFold, NodeMinute
 from nodes.live_store import MemoryLiveStore, decode_entry, encode_entry
-from nodes.rollups import reading
+from nodes.rollups import GPU_METRICS, NODE_METRICS, mean_and_peak, reading
 
 GIB = 2**30
 STALE_S = 15.0
 
 
-def sample(node_id, received_at, rng):
+def sample(node_id, received_at, rng, complete=False):
     """A LiveSample of 8 GPUs with every kind of reading a sample may carry: missing, out of
-    range, a GPU whose memory total is unknown."""
+    range, a GPU whose memory total is unknown. A `complete` one has every reading (the
+    live store's quicker way), each GPU's memory total known or not."""
+
+    def some(*choices):
+        return rng.choice(choices[2:] if complete else choices)
+
     gpus = []
     totals = {}
     for index in range(8):
         uuid = f"GPU-{node_id}-{index}"
         gpus.append({
             "uuid": uuid,
-            "util_pct": rng.choice([None, 1e308, rng.uniform(0, 100), 95.0]),
-            "mem_used_bytes": rng.choice([None, rng.randrange(0, 141 * GIB)]),
-            "sm_clock_mhz": rng.choice([None, rng.randrange(900, 1980)]),
+            "util_pct": some(None, 1e308, rng.uniform(0, 100), 95.0),
+            "mem_used_bytes": some(None, None, rng.randrange(0, 141 * GIB)),
+            "sm_clock_mhz": some(None, None, rng.randrange(900, 1980)),
+            "sm_active_pct": some(None, None, rng.uniform(0, 100)),
             "temp_c": 50, "power_w": 600.0, "clock_event_reasons": 4,
         })
         if rng.random() < 0.9:
             totals[uuid] = 141 * GIB
     frame = {"type": "sample", "seq": 1, "ts": received_at, "gpus": gpus,
-             "node": {"net_rx_bps": rng.choice([None, rng.uniform(0, 4e11)]),
+             "node": {"net_rx_bps": some(None, None, rng.uniform(0, 4e11)),
                       "net_tx_bps": rng.uniform(0, 4e11), "cpu_pct": 10.0}}
     return live_sample(frame, node_id=node_id, received_at=received_at, memory_totals=totals)
 
@@ -50,7 +56,7 @@ def as_entry(sample):
 
 def usage_by_adding_up(latest, now_ts):
     """What the publisher computed before the fold: every fresh node's latest sample, added."""
-    utils, used, total, net, gpus = [], 0, 0, 0.0, 0
+    utils, sm_active, used, total, net, gpus = [], [], 0, 0, 0.0, 0
     for entry in map(as_entry, latest.values()):
         if now_ts - entry["received_at"] > STALE_S:
             continue
@@ -58,6 +64,8 @@ def usage_by_adding_up(latest, now_ts):
             gpus += 1
             if reading(gpu["util_pct"]) is not None:
                 utils.append(gpu["util_pct"])
+            if gpu["sm_active_pct"] is not None:
+                sm_active.append(gpu["sm_active_pct"])
             if reading(gpu["mem_used_bytes"]) is not None and reading(gpu["mem_total_bytes"]):
                 used += gpu["mem_used_bytes"]
                 total += gpu["mem_total_bytes"]
@@ -66,7 +74,8 @@ def usage_by_adding_up(latest, now_ts):
     if not gpus:
         return None
     return {"gpus_reporting": gpus, "gpu_util_pct": sum(utils) / len(utils) if utils else 0.0,
-            "gpu_mem_used_pct": 100.0 * used / total if total else 0.0, "net_bps": net}
+            "gpu_mem_used_pct": 100.0 * used / total if total else 0.0, "net_bps": net,
+            "gpu_sm_active_pct": sum(sm_active) / len(sm_active) if sm_active else None}
 
 
 def assert_same_usage(folded, added):
@@ -75,9 +84,11 @@ def assert_same_usage(folded, added):
         assert folded["gpus_reporting"] == added["gpus_reporting"]
         for key in ("gpu_util_pct", "gpu_mem_used_pct", "net_bps"):
             assert folded[key] == pytest.approx(added[key], rel=1e-9, abs=1e-6)
+        assert folded["gpu_sm_active_pct"] == pytest.approx(added["gpu_sm_active_pct"], rel=1e-9)
 
 
-def test_the_running_sums_are_the_sum_of_every_fresh_nodes_latest_sample():
+@pytest.mark.parametrize("complete", [False, True], ids=["readings-missing", "complete"])
+def test_the_running_sums_are_the_sum_of_every_fresh_nodes_latest_sample(complete):
     """600 ticks of 50 nodes that report at random, some out of order, some going silent for
     longer than the stale time and coming back: after every tick the fold's usage is what
     adding up each fresh node's newest sample gives."""
@@ -88,7 +99,7 @@ def test_the_running_sums_are_the_sum_of_every_fresh_nodes_latest_sample():
         for node_id in range(1, 51):
             silent = (tick // 40 + node_id) % 5 == 0  # 40 s silences
             if not silent and rng.random() < 0.6:
-                entry = sample(node_id, now_ts - rng.uniform(0, 2), rng)
+                entry = sample(node_id, now_ts - rng.uniform(0, 2), rng, complete)
                 if node_id not in latest or entry.received_at >= latest[node_id].received_at:
                     latest[node_id] = entry  # an older reading come late is not taken
                 fold.add(node_reading(entry, 90.0))
@@ -96,7 +107,8 @@ def test_the_running_sums_are_the_sum_of_every_fresh_nodes_latest_sample():
         assert_same_usage(fold.usage(), usage_by_adding_up(latest, now_ts))
         fresh = {n for n, e in latest.items() if now_ts - e.received_at <= STALE_S}
         assert set(fold.readings) == fresh
-    assert len(fold.by_age) < 50 * (STALE_S + 3)  # replaced readings leave the heap too
+    # A node is kept once a second at most, and only for the seconds not yet stale.
+    assert sum(map(len, fold.by_second.values())) <= 50 * (STALE_S + 3)
 
 
 def test_a_stale_reading_is_not_heard_and_nothing_left_sums_to_exactly_nothing():
@@ -130,10 +142,66 @@ def test_a_nodes_minute_is_the_mean_and_peak_of_its_samples():
         entry.gpus[0].util_pct = util
         node_minute.add(entry, 90.0)
     assert node_minute.finish_if_new_minute(minute + timedelta(seconds=59)) is None
-    finished_minute, gpus, nodes = node_minute.finish_if_new_minute(minute + timedelta(minutes=1))
+    finished_minute, nodes = node_minute.finish_if_new_minute(minute + timedelta(minutes=1))
     assert finished_minute == minute and list(nodes) == [7]
-    assert gpus[7]["GPU-7-0"][:3] == [90.0, 3, 60.0]  # total, count, peak of util_pct
+    assert nodes[7].gpu_stats()["GPU-7-0"][:3] == [90.0, 3, 60.0]  # total, count, peak of util
     assert node_minute.finish_if_new_minute(minute + timedelta(minutes=1, seconds=5)) is None
+
+
+def test_a_minute_of_complete_samples_and_samples_with_readings_missing():
+    """A sample with every reading and one with some missing count each reading where it
+    is: a GPU's mean is over the samples that had it."""
+    minute = datetime(2026, 12, 2, 9, 30, tzinfo=dt_timezone.utc)
+    node_minute = NodeMinute()
+    rng = random.Random(6)
+    for second, util, power in [(1, 10.0, 600.0), (2, None, 700.0), (3, 40.0, None)]:
+        entry = sample(7, (minute + timedelta(seconds=second)).timestamp(), rng, complete=True)
+        entry.gpus[0].util_pct, entry.gpus[0].power_w = util, power
+        node_minute.add(entry, 90.0)
+    _, nodes = node_minute.finish_if_new_minute(minute + timedelta(minutes=1))
+    stats = nodes[7].gpu_stats()
+    assert mean_and_peak(stats["GPU-7-0"], GPU_METRICS)["util_pct"] == [25.0, 40.0]
+    assert mean_and_peak(stats["GPU-7-0"], GPU_METRICS)["power_w"] == [650.0, 700.0]
+    assert mean_and_peak(stats["GPU-7-0"], GPU_METRICS)["temp_c"] == [50.0, 50]
+    assert mean_and_peak(nodes[7].node_stats(), NODE_METRICS)["cpu_pct"] == [10.0, 10.0]
+
+
+def test_a_gpu_gone_within_the_minute_keeps_its_part_of_the_minute():
+    """A GPU falls off the bus after two samples and is back for the last: each GPU's minute
+    counts the samples it was in, the node's every sample."""
+    minute = datetime(2026, 12, 2, 9, 30, tzinfo=dt_timezone.utc)
+    node_minute = NodeMinute()
+    rng = random.Random(7)
+    for second in range(5):
+        entry = sample(7, (minute + timedelta(seconds=second)).timestamp(), rng, complete=True)
+        for gpu in entry.gpus:
+            gpu.temp_c = 40 + second
+        if second in (2, 3):
+            entry = entry._replace(gpus=entry.gpus[:3] + entry.gpus[4:],
+                                   mem_totals=entry.mem_totals[:3] + entry.mem_totals[4:])
+        reading = node_minute.add(entry, 90.0)
+        assert reading.gpus == len(entry.gpus)
+    _, nodes = node_minute.finish_if_new_minute(minute + timedelta(minutes=1))
+    stats = nodes[7].gpu_stats()
+    assert sorted(stats) == [f"GPU-7-{index}" for index in range(8)]
+    assert mean_and_peak(stats["GPU-7-3"], GPU_METRICS)["temp_c"] == [125 / 3, 44]  # 40, 41, 44
+    assert mean_and_peak(stats["GPU-7-4"], GPU_METRICS)["temp_c"] == [42.0, 44]
+    assert nodes[7].node_stats()[4] == 5  # net_tx_bps: every sample
+
+
+def test_gpus_that_change_at_every_sample_keep_a_minute_of_bounded_size():
+    """A broken (or hostile) agent whose GPUs come and go at every sample: the minute stays
+    one set of stats per GPU, whatever the number of samples."""
+    minute = datetime(2026, 12, 2, 9, 30, tzinfo=dt_timezone.utc)
+    node_minute = NodeMinute()
+    entry = sample(7, (minute + timedelta(seconds=1)).timestamp(), random.Random(8), complete=True)
+    fewer = entry._replace(gpus=entry.gpus[1:], mem_totals=entry.mem_totals[1:])
+    for i in range(5000):
+        node_minute.add(fewer if i % 2 else entry, 90.0)
+    _, nodes = node_minute.finish_if_new_minute(minute + timedelta(minutes=1))
+    stats = nodes[7].gpu_stats()
+    assert len(stats) == 8 and stats["GPU-7-0"][4] == 2500 and stats["GPU-7-1"][4] == 5000
+    assert nodes[7].node_stats()[1] == 5000
 
 
 def test_the_embedded_store_folds_what_it_records():
