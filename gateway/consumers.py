@@ -27,6 +27,7 @@ from . import ingest, reconnects
 from .frame_limits import FrameBucket, HelloAdmission, NewEventCounts
 from .event_batches import event_writer
 from nodes.live_store import get_live_store
+from nodes.rollups import reading
 from .protocol import (MAX_FRAME_BYTES, BadFrame, FastSample, as_fast_sample, exact_frame,
                        fast_sample, known_hygiene, live_sample, quick_read)
 from .publisher import ensure_publisher
@@ -142,7 +143,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
             while True:
                 message = await receive()
                 async with self._one_at_a_time:
-                    await self.dispatch(message)
+                    if message["type"] == "websocket.receive":  # most messages: a frame
+                        await self.receive(message.get("text"), message.get("bytes"))
+                    else:
+                        await self.dispatch(message)
         except StopConsumer:
             pass
         except asyncio.CancelledError:
@@ -209,12 +213,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def dispatch(self, message):
         # Channels closes stale database connections before every message: a hop to a worker
         # thread per sample. This consumer reaches the database only through
-        # database_sync_to_async, which does that itself, so the sample path skips the hop
+        # database_sync_to_async, which does that itself, so it skips the hop
         # (shared/notes/ingest-performance.md: 30-45 % of the CPU per frame). A frame, most
-        # messages, goes straight to receive(), as websocket_receive() would send it.
-        if message["type"] == "websocket.receive":
-            await self.receive(message.get("text"), message.get("bytes"))
-            return
+        # messages, goes straight to receive() from __call__, as websocket_receive() would
+        # send it.
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
@@ -270,8 +272,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         except BadFrame as exc:
             await self.refuse(exc)
             return
+        handler = self.on_sample if kind == "sample" else getattr(self, f"on_{kind}")
         try:
-            await getattr(self, f"on_{kind}")(frame)
+            await handler(frame)
         except StopConsumer:
             raise
         except DATABASE_ERRORS as exc:  # PROTOCOL.md: answered, and the connection stays
@@ -400,7 +403,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if self.node_id is None:
             AGENTS_CONNECTED.inc()
         self.node_id, self.cluster_id = node_id, cluster_id
-        self.memory_totals = {gpu["uuid"]: gpu.get("memory_total_bytes") for gpu in frame["gpus"]}
+        # As readings: the live store adds them up unchecked (nodes.live_fold.LiveSample).
+        self.memory_totals = {gpu["uuid"]: reading(gpu.get("memory_total_bytes"))
+                              for gpu in frame["gpus"]}
 
     async def send_welcome(self, node_token):
         welcome = {"type": "welcome", "node_id": self.node_id,

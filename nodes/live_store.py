@@ -1,7 +1,7 @@
 """The live store: the latest sample of every node, and nothing older.
 
 Samples never reach the database. The agent consumer calls record() for each sample (no
-I/O); the publisher calls flush() every 100 ms, and its leader read_fold() once a second.
+I/O); the publisher calls flush() every 50 ms, and its leader read_fold() once a second.
 record() also folds the sample into what the publisher's tick needs (nodes/live_fold.py):
 its NodeReading and this process's NodeMinute, in one pass over its GPUs.
 

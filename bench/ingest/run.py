@@ -10,7 +10,7 @@ connections, and step the offered rate up. At each step, after a warm-up, it mea
              the load generator offered (sent, plus skipped because the socket was full)
   latency    p50/p99 from a frame's `ts` (set at send) to its entry in the Redis live
              store: a poller reads PROBE_NODES nodes' entries every POLL_S and notes each
-             new `ts` (so it includes the store's 100 ms flush; resolution POLL_S)
+             new `ts` (so it includes the store's flush, every 50 ms; resolution POLL_S)
   CPU        the server processes' user+system CPU time over the window (psutil), per
              delivered sample, and as a percent of one core; the load generator's too
 "Sustained" is the highest offered rate with >= 97 % delivered and p99 under 200 ms
