@@ -27,7 +27,6 @@ from . import ingest, reconnects
 from .frame_limits import FrameBucket, HelloAdmission, NewEventCounts
 from .event_batches import event_writer
 from nodes.live_store import get_live_store
-from nodes.rollups import reading
 from .protocol import (MAX_FRAME_BYTES, BadFrame, FastSample, as_fast_sample, exact_frame,
                        fast_sample, known_hygiene, live_sample, quick_read)
 from .publisher import ensure_publisher
@@ -403,9 +402,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if self.node_id is None:
             AGENTS_CONNECTED.inc()
         self.node_id, self.cluster_id = node_id, cluster_id
-        # As readings: the live store adds them up unchecked (nodes.live_fold.LiveSample).
-        self.memory_totals = {gpu["uuid"]: reading(gpu.get("memory_total_bytes"))
-                              for gpu in frame["gpus"]}
+        self.memory_totals = {gpu["uuid"]: gpu.get("memory_total_bytes") for gpu in frame["gpus"]}
 
     async def send_welcome(self, node_token):
         welcome = {"type": "welcome", "node_id": self.node_id,

@@ -512,9 +512,8 @@ def live_sample(frame, *, node_id, received_at, memory_totals, hygiene=None):
     """What the live store takes of a sample (nodes.live_fold.LiveSample): a FastSample's
     readings as they are, or an exact_frame() sample's protocol fields made into one (a
     sample may carry fields this server does not know, of any size: PROTOCOL.md has a
-    receiver ignore them). `memory_totals`: the hello's, by GPU uuid, each a reading (None
-    or within READING_MAX); `hygiene`: the connection's latest known_hygiene(), which only
-    some samples carry."""
+    receiver ignore them). `memory_totals`: the hello's, by GPU uuid; `hygiene`: the
+    connection's latest known_hygiene(), which only some samples carry."""
     if not isinstance(frame, FastSample):
         frame = as_fast_sample(frame)
     return LiveSample(node_id, received_at, frame.seq, frame.ts, frame.gpus,

@@ -18,11 +18,11 @@ and writes the minutes of the nodes whose samples it received.
 
 import heapq
 from datetime import datetime, timezone as dt_timezone
-from itertools import chain
-from operator import add, attrgetter, sub
+from operator import attrgetter
 from typing import NamedTuple
 
-from .rollups import CLUSTER_METRICS, GPU_METRICS, NODE_METRICS, add_values
+from .rollups import (CLUSTER_METRICS, GPU_METRICS, NODE_METRICS, add_readings, add_values,
+                      reading)
 
 
 class LiveSample(NamedTuple):
@@ -34,8 +34,7 @@ class LiveSample(NamedTuple):
     ts: float  # the agent's clock
     # Readings are None or within READING_MAX (nodes/rollups.py): added up unchecked here.
     gpus: list  # each with the protocol's GPU fields as attributes (None: no reading)
-    mem_totals: list  # each GPU's memory in bytes, from the node's hello: a reading (None:
-    #                   not told, or beyond READING_MAX), added up unchecked as well
+    mem_totals: list  # each GPU's memory in bytes, from the node's hello (None: not told)
     node: object  # the protocol's node fields as attributes
     hygiene: dict | None  # the connection's latest sample.hygiene (gateway.protocol)
 
@@ -85,9 +84,11 @@ class ClusterFold:
     def __init__(self):
         self.readings = {}  # node id -> NodeReading
         # The node ids with a reading received in each whole second, oldest second first
-        # (`seconds`, a heap), so that expire() looks only at the seconds turning stale: a
-        # heap entry per reading cost the tick 20-30 ms a second at 6,000 samples a second
-        # (bench/README.md). A replaced reading's node id stays in its second until then.
+        # (`seconds`, a heap), so that expire() looks only at the seconds turning stale. A
+        # heap entry per reading (90,000 at 6,000 samples a second) held the event loop for
+        # 20-30 ms at every tick, popping them out of the busy process's caches; a set per
+        # second did not once (bench/README.md, --stalls). A replaced reading's node id stays
+        # in its second until then.
         self.by_second = {}
         self.seconds = []
         self.sums = list(NO_SUMS)  # of NodeReading's SUMMED fields
@@ -102,7 +103,8 @@ class ClusterFold:
                 return
             self._subtract(old)
         self.readings[node_reading.node_id] = node_reading
-        self.sums = list(map(add, self.sums, node_reading[SUMMED]))
+        for i, value in enumerate(node_reading[SUMMED]):
+            self.sums[i] += value
         second = int(node_reading.received_at)
         node_ids = self.by_second.get(second)
         if node_ids is None:
@@ -112,7 +114,8 @@ class ClusterFold:
         self.heard.add(node_reading.node_id)
 
     def _subtract(self, node_reading):
-        self.sums = list(map(sub, self.sums, node_reading[SUMMED]))
+        for i, value in enumerate(node_reading[SUMMED]):
+            self.sums[i] -= value
 
     def expire(self, received_before):
         """Let go of the readings received before this time."""
@@ -182,176 +185,72 @@ def minute_of(when):
     return when.replace(second=0, microsecond=0)
 
 
-# A metric's minute is kept as three numbers (total, count, peak) in a list shared by all of a
-# GPU's (or a node's) metrics (nodes/rollups.py add_values): one list, not an object a metric.
+# A metric's minute is kept as three numbers in a list shared by all of a GPU's (or a
+# node's) metrics (nodes/rollups.py add_values): one list per GPU, not an object per metric.
 def empty_stats(metrics):
     return [0.0, 0, None] * len(metrics)
 
 
-_GPU_WIDTH = len(GPU_METRICS)
 # Where NodeMinute.add finds the NodeReading's metrics among a GPU's GPU_METRICS values.
 _UTIL, _SM_ACTIVE, _MEM_USED = (GPU_METRICS.index(metric) for metric in
                                 ("util_pct", "sm_active_pct", "mem_used_bytes"))
-_gpu_uuid = attrgetter("uuid")
-
-
-class NodeMinuteStats:
-    """One node's minute so far, as one row of numbers: each GPU's GPU_METRICS (its GPUs in
-    the order of `uuids`), then the node's NODE_METRICS. A sample with every reading is
-    added with three of Python's loops in C (map and a list comprehension), about 40 values
-    at a time; a GPU per dict and a loop over its values cost twice as much, and more with
-    2,000 nodes' minutes out of the CPU's caches (bench/README.md). A position's count is
-    `complete` (the samples with every reading) plus its own in `counts` (of the others).
-    Where the node's GPUs changed within the minute (one fell off the bus), a new one goes
-    on from `earlier`: the minute until then, as ({uuid: flat stats}, flat node stats)."""
-
-    __slots__ = ("uuids", "complete", "counts", "sums", "peaks", "earlier")
-
-    def __init__(self, uuids, earlier=None):
-        width = len(uuids) * _GPU_WIDTH + len(NODE_METRICS)
-        self.uuids = uuids
-        self.complete = 0
-        self.counts = [0] * width
-        self.sums = [0] * width
-        self.peaks = [None] * width
-        self.earlier = None if earlier is None else (earlier.gpu_stats(), earlier.node_stats())
-
-    def add(self, values):
-        """Add a row of values (None: no reading); whether every reading was there."""
-        try:
-            sums = list(map(add, self.sums, values))
-        except TypeError:  # a reading is missing
-            self._add_some(values)
-            return False
-        self.sums = sums
-        self.peaks = [value if peak is None or value > peak else peak
-                      for value, peak in zip(values, self.peaks)]
-        self.complete += 1
-        return True
-
-    def _add_some(self, values):
-        counts, sums, peaks = self.counts, self.sums, self.peaks
-        for i, value in enumerate(values):
-            if value is not None:
-                counts[i] += 1
-                sums[i] += value
-                if peaks[i] is None or value > peaks[i]:
-                    peaks[i] = value
-
-    def _stats(self, start, metrics):
-        """The flat stats (empty_stats' layout) of the `metrics` from position `start`."""
-        stats = []
-        for i in range(start, start + len(metrics)):
-            stats += (self.sums[i], self.complete + self.counts[i], self.peaks[i])
-        return stats
-
-    def gpu_stats(self):
-        """{GPU uuid: flat stats of GPU_METRICS} of the whole minute."""
-        gpus = {} if self.earlier is None else dict(self.earlier[0])
-        for i, uuid in enumerate(self.uuids):
-            stats = self._stats(i * _GPU_WIDTH, GPU_METRICS)
-            gpus[uuid] = merged_stats(gpus[uuid], stats) if uuid in gpus else stats
-        return gpus
-
-    def node_stats(self):
-        """The flat stats of NODE_METRICS of the whole minute."""
-        stats = self._stats(len(self.uuids) * _GPU_WIDTH, NODE_METRICS)
-        return stats if self.earlier is None else merged_stats(self.earlier[1], stats)
-
-
-def merged_stats(first, second):
-    """Two flat stats of the same metrics as one."""
-    merged = []
-    for i in range(0, len(first), 3):
-        peaks = [peak for peak in (first[i + 2], second[i + 2]) if peak is not None]
-        merged += (first[i] + second[i], first[i + 1] + second[i + 1],
-                   max(peaks) if peaks else None)
-    return merged
 
 
 class NodeMinute:
-    """Each node's minute of samples (NodeMinuteStats); hands back the minute when it has
-    ended. Each sample added also gives its NodeReading: the live store records both from
-    one pass."""
+    """Each node's minute of samples; hands back the minute when it has ended. Each sample
+    added also gives its NodeReading: the live store records both from one pass."""
 
     def __init__(self):
         self.minute = None
-        self.nodes = {}  # node_id -> NodeMinuteStats
+        self.gpus = {}  # node_id -> {gpu uuid: flat stats of GPU_METRICS}
+        self.nodes = {}  # node_id -> flat stats of NODE_METRICS
 
     def add(self, sample, min_util_pct):
-        """Add a LiveSample to its node's minute; returns its NodeReading (the slow GPU rule
-        keeps the GPUs at min_util_pct or more)."""
+        """Add a LiveSample to its node's minute; returns its NodeReading, made in the same
+        pass over its GPUs (the slow GPU rule keeps those at min_util_pct or more)."""
         if self.minute is None:
             self.minute = minute_of(sample.received_at)
-        gpus, node = sample.gpus, sample.node
-        uuids = tuple(map(_gpu_uuid, gpus))
-        stats = self.nodes.get(sample.node_id)
-        if stats is None or stats.uuids != uuids:
-            stats = self.nodes[sample.node_id] = NodeMinuteStats(uuids, earlier=stats)
-        values = (*chain.from_iterable(map(_gpu_metric_values, gpus)), *_node_metric_values(node))
-        if not stats.add(values):
-            return _reading_of_some(sample, min_util_pct)
-        count = len(gpus)
-        end = count * _GPU_WIDTH
-        utils = values[_UTIL:end:_GPU_WIDTH]
-        used = values[_MEM_USED:end:_GPU_WIDTH]
-        totals = sample.mem_totals
-        if all(totals):
-            used, total = sum(used), sum(totals)
-        else:
-            used, total = _memory_of_some(used, totals)
-        at_load = ()
-        if count and max(utils) >= min_util_pct:
-            at_load = tuple([gpu_at_load(gpu) for gpu, util in zip(gpus, utils)
-                             if util >= min_util_pct and gpu.sm_clock_mhz is not None])
-        return NodeReading(sample.node_id, sample.received_at, count, sum(utils), count,
-                           used, total, node.net_rx_bps + node.net_tx_bps,
-                           sum(values[_SM_ACTIVE:end:_GPU_WIDTH]), count, at_load)
+        node_id = sample.node_id
+        node_gpus = self.gpus.get(node_id)
+        if node_gpus is None:
+            node_gpus = self.gpus[node_id] = {}
+            self.nodes[node_id] = empty_stats(NODE_METRICS)
+        util_sum, util_count, used, total, at_load = 0.0, 0, 0, 0, []
+        sm_active_sum, sm_active_count = 0.0, 0
+        for gpu, gpu_total in zip(sample.gpus, sample.mem_totals):
+            values = _gpu_metric_values(gpu)
+            stats = node_gpus.get(gpu.uuid)
+            if stats is None:
+                stats = node_gpus[gpu.uuid] = empty_stats(GPU_METRICS)
+            add_readings(stats, values)
+            util, sm_active, gpu_used = values[_UTIL], values[_SM_ACTIVE], values[_MEM_USED]
+            if util is not None:
+                util_sum += util
+                util_count += 1
+                if util >= min_util_pct and gpu.sm_clock_mhz is not None:
+                    at_load.append(gpu_at_load(gpu))
+            if sm_active is not None:
+                sm_active_sum += sm_active
+                sm_active_count += 1
+            if gpu_used is not None and reading(gpu_total):  # (a total is the hello's)
+                used += gpu_used
+                total += gpu_total
+        node = sample.node
+        add_readings(self.nodes[node_id], _node_metric_values(node))
+        net = (node.net_rx_bps or 0) + (node.net_tx_bps or 0)
+        return NodeReading(node_id, sample.received_at, len(sample.gpus), util_sum, util_count,
+                           used, total, net, sm_active_sum, sm_active_count, tuple(at_load))
 
     def finish_if_new_minute(self, now):
-        """(minute, {node_id: NodeMinuteStats}) of the minute that ended before `now`, or
-        None."""
+        """(minute, gpus, nodes) of the minute that ended before `now`, or None."""
         minute = minute_of(now)
         if self.minute is None:
             self.minute = minute
         if self.minute == minute:
             return None
-        finished = (self.minute, self.nodes)
-        self.minute, self.nodes = minute, {}
+        finished = (self.minute, self.gpus, self.nodes)
+        self.minute, self.gpus, self.nodes = minute, {}, {}
         return finished
-
-
-def _memory_of_some(used, totals):
-    """Memory used and total of the GPUs whose total is known (used: each a reading)."""
-    used_sum = total_sum = 0
-    for gpu_used, gpu_total in zip(used, totals):
-        if gpu_total:
-            used_sum += gpu_used
-            total_sum += gpu_total
-    return used_sum, total_sum
-
-
-def _reading_of_some(sample, min_util_pct):
-    """The NodeReading of a sample with a reading missing, GPU by GPU."""
-    util_sum, util_count, used, total, at_load = 0.0, 0, 0, 0, []
-    sm_active_sum, sm_active_count = 0.0, 0
-    for gpu, gpu_total in zip(sample.gpus, sample.mem_totals):
-        util = gpu.util_pct
-        if util is not None:
-            util_sum += util
-            util_count += 1
-            if util >= min_util_pct and gpu.sm_clock_mhz is not None:
-                at_load.append(gpu_at_load(gpu))
-        if gpu.sm_active_pct is not None:
-            sm_active_sum += gpu.sm_active_pct
-            sm_active_count += 1
-        if gpu.mem_used_bytes is not None and gpu_total:
-            used += gpu.mem_used_bytes
-            total += gpu_total
-    node = sample.node
-    net = (node.net_rx_bps or 0) + (node.net_tx_bps or 0)
-    return NodeReading(sample.node_id, sample.received_at, len(sample.gpus), util_sum, util_count,
-                       used, total, net, sm_active_sum, sm_active_count, tuple(at_load))
 
 
 class ClusterMinute:

@@ -87,30 +87,18 @@ def exercise():
 
     # A JSON column of nested objects, and a datetime: the minute's node rollups, where a
     # node removed within the minute is left out and a minute already written is kept.
-    from gateway.protocol import live_sample
-    from nodes.live_fold import NodeMinute
     from nodes.models import NodeRollup
     from nodes.rollups import write_node_rollups
 
-    def node_minute(node_ids, readings):
-        """A finished NodeMinute of these nodes, each sent these (util, used, temp) in turn;
-        GPU-3 has no GPM (sm_active_pct) nor power reading."""
-        minute_of_nodes = NodeMinute()
-        for node_id in node_ids:
-            for util, used, temp in readings:
-                frame = {"type": "sample", "seq": 1, "ts": 1.0,
-                         "gpus": [{"uuid": "GPU-3", "util_pct": util, "mem_used_bytes": used,
-                                   "temp_c": temp}],
-                         "node": {"net_rx_bps": 1e9, "net_tx_bps": 2e9, "cpu_pct": 50.5}}
-                sample = live_sample(frame, node_id=node_id, received_at=now.timestamp(),
-                                     memory_totals={"GPU-3": 150754820096})
-                minute_of_nodes.add(sample, 90.0)
-        return minute_of_nodes.finish_if_new_minute(now + timedelta(minutes=1))
-
     minute = now.replace(second=0, microsecond=0)
+    # util_pct, sm_active_pct (none: no GPM), mem_used_bytes, temp_c, power_w (none)
+    gpu_stats = [180.0, 2, 100.0, 0.0, 0, None, 2e11, 2, 1.1e11, 90, 2, 50, 0.0, 0, None]
+    node_stats = [1e9, 1, 1e9, 2e9, 1, 2e9, 50.5, 1, 50.5]
     gone = node.pk + 1000
-    write_node_rollups(*node_minute([node.pk, gone], [(80, 90 * 10**9, 40), (100, 110 * 10**9, 50)]))
-    write_node_rollups(*node_minute([node.pk], [(5, 0, 30)]))
+    write_node_rollups(minute, {node.pk: {"GPU-3": gpu_stats}, gone: {"GPU-x": gpu_stats}},
+                       {node.pk: node_stats, gone: node_stats})
+    write_node_rollups(minute, {node.pk: {"GPU-3": [0.0, 0, None] * 5}},
+                       {node.pk: [0.0, 0, None] * 3})
     [rollup] = NodeRollup.objects.filter(node__cluster=cluster)
     assert rollup.minute == minute
     assert rollup.gpus == {"GPU-3": {"util_pct": [90.0, 100.0], "sm_active_pct": [None, None],
