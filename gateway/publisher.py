@@ -54,7 +54,7 @@ from nodes.rollups import write_cluster_rollups, write_node_rollups
 
 logger = logging.getLogger(__name__)
 
-FLUSH_EVERY_S = 0.05  # a sample reaches Redis within 50 ms and the flush's time (bench/README.md)
+FLUSH_EVERY_S = 0.05  # the most a sample waits for its flush (ingest latency, bench/README.md)
 PUBLISH_EVERY_S = 1.0
 FEED_EVERY_S = 0.2
 LEASE_KEY = "clusterui:publisher"
