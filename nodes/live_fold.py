@@ -16,7 +16,6 @@ sends its readings to Redis, where the publisher's leader folds them (nodes/live
 and writes the minutes of the nodes whose samples it received.
 """
 
-import heapq
 from datetime import datetime, timezone as dt_timezone
 from operator import attrgetter
 from typing import NamedTuple
@@ -83,14 +82,13 @@ class ClusterFold:
 
     def __init__(self):
         self.readings = {}  # node id -> NodeReading
-        # The node ids with a reading received in each whole second, oldest second first
-        # (`seconds`, a heap), so that expire() looks only at the seconds turning stale. A
-        # heap entry per reading (90,000 at 6,000 samples a second) held the event loop for
+        # The node ids with a reading received in each whole second (a few dozen seconds at
+        # most: the stale time's), so that expire() looks only at the seconds turning stale.
+        # A heap entry per reading (90,000 at 6,000 samples a second) held the event loop for
         # 20-30 ms at every tick, popping them out of the busy process's caches; a set per
         # second did not once (bench/README.md, --stalls). A replaced reading's node id stays
         # in its second until then.
         self.by_second = {}
-        self.seconds = []
         self.sums = list(NO_SUMS)  # of NodeReading's SUMMED fields
         self.heard = set()  # node ids with a reading since take_heard()
 
@@ -107,9 +105,8 @@ class ClusterFold:
             self.sums[i] += value
         second = int(node_reading.received_at)
         node_ids = self.by_second.get(second)
-        if node_ids is None:
+        if node_ids is None:  # (not setdefault: a new set for every reading)
             node_ids = self.by_second[second] = set()
-            heapq.heappush(self.seconds, second)
         node_ids.add(node_reading.node_id)
         self.heard.add(node_reading.node_id)
 
@@ -119,12 +116,10 @@ class ClusterFold:
 
     def expire(self, received_before):
         """Let go of the readings received before this time."""
-        while self.seconds and self.seconds[0] < received_before:
-            second = self.seconds[0]
+        while self.by_second and (second := min(self.by_second)) < received_before:
             node_ids = self.by_second[second]
             whole = second + 1 <= received_before  # else the second turning stale now
             if whole:
-                heapq.heappop(self.seconds)
                 del self.by_second[second]
             for node_id in list(node_ids):
                 current = self.readings.get(node_id)

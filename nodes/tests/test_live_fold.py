@@ -18,11 +18,12 @@ STALE_S = 15.0
 
 def sample(node_id, received_at, rng, complete=False):
     """A LiveSample of 8 GPUs with every kind of reading a sample may carry: missing, out of
-    range, a GPU whose memory total is unknown. A `complete` one has every reading (the
-    live store's quicker way), each GPU's memory total known or not."""
+    range, a GPU whose memory total is unknown. A `complete` one has every reading, as a
+    healthy H200's samples do; its GPUs' memory totals are still known or not."""
 
-    def some(*choices):
-        return rng.choice(choices[2:] if complete else choices)
+    def some(value, *no_reading):
+        """The value, or at random one of `no_reading` unless the sample is complete."""
+        return value if complete else rng.choice([value, *no_reading])
 
     gpus = []
     totals = {}
@@ -30,16 +31,16 @@ def sample(node_id, received_at, rng, complete=False):
         uuid = f"GPU-{node_id}-{index}"
         gpus.append({
             "uuid": uuid,
-            "util_pct": some(None, 1e308, rng.uniform(0, 100), 95.0),
-            "mem_used_bytes": some(None, None, rng.randrange(0, 141 * GIB)),
-            "sm_clock_mhz": some(None, None, rng.randrange(900, 1980)),
-            "sm_active_pct": some(None, None, rng.uniform(0, 100)),
+            "util_pct": some(rng.choice([rng.uniform(0, 100), 95.0]), None, 1e308),
+            "mem_used_bytes": some(rng.randrange(0, 141 * GIB), None),
+            "sm_clock_mhz": some(rng.randrange(900, 1980), None),
+            "sm_active_pct": some(rng.uniform(0, 100), None),
             "temp_c": 50, "power_w": 600.0, "clock_event_reasons": 4,
         })
         if rng.random() < 0.9:
             totals[uuid] = 141 * GIB
     frame = {"type": "sample", "seq": 1, "ts": received_at, "gpus": gpus,
-             "node": {"net_rx_bps": some(None, None, rng.uniform(0, 4e11)),
+             "node": {"net_rx_bps": some(rng.uniform(0, 4e11), None),
                       "net_tx_bps": rng.uniform(0, 4e11), "cpu_pct": 10.0}}
     return live_sample(frame, node_id=node_id, received_at=received_at, memory_totals=totals)
 
