@@ -188,6 +188,55 @@ def test_a_gpu_gone_within_the_minute_keeps_its_part_of_the_minute():
     assert nodes[7][4] == 5  # net_tx_bps: every sample
 
 
+def gpus_kept(node_id, second, rng):
+    """The GPUs in a sample of test_a_minute_of_random_samples...: node 1's come and go at
+    random, node 2's GPU 3 is gone for ten seconds, node 3 keeps all of its."""
+    if node_id == 1:
+        return [index for index in range(8) if rng.random() < 0.9]
+    if node_id == 2:
+        return [index for index in range(8) if index != 3 or not 20 <= second < 30]
+    return list(range(8))
+
+
+@pytest.mark.parametrize("complete", [False, True], ids=["readings-missing", "complete"])
+def test_a_minute_of_random_samples_is_each_readings_mean_and_peak(complete):
+    """Nodes whose GPUs come and go within the minute, one of them sampling five times a
+    second, their samples complete or with readings missing: each GPU's and node's minute is
+    the mean and peak of the readings its samples had, computed here one by one."""
+    minute = datetime(2026, 12, 2, 9, 30, tzinfo=dt_timezone.utc)
+    rng = random.Random(8)
+    node_minute, seen = NodeMinute(), {}  # seen: (node id, uuid or None, metric) -> readings
+    for tenth in range(600):
+        second = tenth // 10
+        for node_id, every in ((1, 10), (2, 10), (3, 2)):
+            if tenth % every:
+                continue
+            entry = sample(node_id, (minute + timedelta(seconds=tenth / 10)).timestamp(), rng,
+                           complete)
+            kept = gpus_kept(node_id, second, rng)
+            entry = entry._replace(gpus=[entry.gpus[i] for i in kept],
+                                   mem_totals=[entry.mem_totals[i] for i in kept])
+            node_minute.add(entry, 90.0)
+            for gpu in entry.gpus:
+                for metric in GPU_METRICS:
+                    seen.setdefault((node_id, gpu.uuid, metric), []).append(getattr(gpu, metric))
+            for metric in NODE_METRICS:
+                seen.setdefault((node_id, None, metric), []).append(getattr(entry.node, metric))
+    _, gpus, nodes = node_minute.finish_if_new_minute(minute + timedelta(minutes=1))
+    for node_id in (1, 2, 3):
+        for (seen_node, uuid, metric), values in seen.items():
+            if seen_node != node_id:
+                continue
+            got = (mean_and_peak(nodes[node_id], NODE_METRICS) if uuid is None else
+                   mean_and_peak(gpus[node_id][uuid], GPU_METRICS))[metric]
+            readings = [value for value in values if value is not None]
+            if not readings:
+                assert got == [None, None]
+            else:
+                assert got == [pytest.approx(sum(readings) / len(readings), rel=1e-12),
+                               max(readings)]
+
+
 def test_the_embedded_store_folds_what_it_records():
     store = MemoryLiveStore()
     rng = random.Random(4)
