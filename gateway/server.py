@@ -5,6 +5,7 @@
 It runs the agent socket's own code, AgentConsumer (gateway/consumers.py), the consumer
 daphne runs in embedded mode, over websockets' asyncio server instead of daphne's Twisted
 and Autobahn: per frame, one ASGI message dict and no more (bench/README.md, "Gateway").
+The process runs it on uvloop's event loop (the agent_gateway command).
 Everything else is as in a web process: the PostgreSQL connection, the channel layer and
 live store in Redis, and the live publisher (which flushes this process's samples).
 

@@ -1,6 +1,7 @@
 """The ceiling: a bare `websockets` server that only decodes the agents' frames.
 
     python bench/ingest/bare_server.py --port 8001 --redis-url redis://... [--decoder orjson]
+                                       [--loop uvloop]
 
 No Django, no Channels, no validation, no live store. It answers hello with welcome and
 config (so the same load generator runs against it) and decodes every frame. For the
@@ -64,12 +65,7 @@ async def flush(counts, client):
                 await pipe.execute()
 
 
-async def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--redis-url", required=True)
-    parser.add_argument("--decoder", choices=["json", "orjson"], default="json")
-    args = parser.parse_args()
+async def main(args):
     if args.decoder == "orjson":
         import orjson
 
@@ -83,4 +79,16 @@ async def main():
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--redis-url", required=True)
+    parser.add_argument("--decoder", choices=["json", "orjson"], default="json")
+    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio",
+                        help="the event loop: asyncio's own, or uvloop's (as the gateway runs)")
+    arguments = parser.parse_args()
+    if arguments.loop == "uvloop":
+        import uvloop
+
+        uvloop.run(main(arguments))
+    else:
+        asyncio.run(main(arguments))

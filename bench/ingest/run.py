@@ -50,7 +50,8 @@ TS_IN_ENTRY = re.compile(rb'"ts": ?([-0-9.eE+]+)')
 DELIVERED_MIN = 0.97
 P99_MAX_S = 0.200
 
-SERVERS = ("daphne", "gateway", "uvicorn", "uvicorn-uvloop", "bare", "bare-orjson")
+SERVERS = ("daphne", "gateway", "uvicorn", "uvicorn-uvloop", "bare", "bare-orjson",
+           "bare-orjson-uvloop")
 
 
 def log(message):
@@ -95,9 +96,10 @@ def server_argv(kind, port, args):
         return [PY, "-m", "uvicorn", "clusterui.asgi:application", "--host", "127.0.0.1",
                 "--port", str(port), "--lifespan", "off", "--loop", loop,
                 *args.uvicorn_args.split()]
-    decoder = "orjson" if kind == "bare-orjson" else "json"
+    decoder = "orjson" if kind.startswith("bare-orjson") else "json"
+    loop = "uvloop" if kind.endswith("-uvloop") else "asyncio"
     return [PY, str(HERE / "bare_server.py"), "--port", str(port),
-            "--redis-url", os.environ["REDIS_URL"], "--decoder", decoder]
+            "--redis-url", os.environ["REDIS_URL"], "--decoder", decoder, "--loop", loop]
 
 
 class LatencyPoller(threading.Thread):

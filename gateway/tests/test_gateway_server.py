@@ -1,6 +1,7 @@
-"""The agent gateway process's server (gateway/server.py) over real sockets: what it answers
-besides the agent socket, its own /metrics, and a restart that closes every connection with
-1012. (The protocol itself: test_consumers.py runs every test against it too.)"""
+"""The agent gateway process's server (gateway/server.py) over real sockets, on uvloop as the
+process serves (conftest.py): what it answers besides the agent socket, its own /metrics, and
+a restart that closes every connection with 1012. (The protocol itself: test_consumers.py runs
+every test against it too.)"""
 
 import asyncio
 import json
@@ -8,6 +9,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+import uvloop
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
@@ -98,3 +100,20 @@ async def test_a_restart_closes_every_agent_connection_with_1012(join_token):
                 while True:
                     await asyncio.wait_for(ws.recv(), 10)
             assert closed.value.rcvd.code == 1012
+
+
+async def test_these_tests_run_on_the_loop_the_gateway_process_serves_on(monkeypatch):
+    from django.core.management import call_command
+
+    from gateway.management.commands import agent_gateway
+
+    assert isinstance(asyncio.get_running_loop(), uvloop.Loop)
+    loops = []
+
+    async def serve(host, port):
+        loops.append(type(asyncio.get_running_loop()))
+
+    monkeypatch.setattr(agent_gateway, "run_gateway", serve)
+    monkeypatch.setattr(agent_gateway.gc_tuning, "apply", lambda: None)
+    await asyncio.to_thread(call_command, "agent_gateway", "--port", "0")
+    assert loops == [uvloop.Loop]
