@@ -1,15 +1,20 @@
-"""The agent gateway's own server tests run on uvloop, the event loop its process serves on
-(manage.py agent_gateway); the rest of gateway/tests on asyncio's, as daphne's Twisted
-reactor runs the agent socket in embedded mode."""
+"""Each server of the agent socket is tested on the event loop it serves on: daphne on
+asyncio's own (embedded mode), the agent gateway process on uvloop (manage.py
+agent_gateway). test_consumers.py runs every test on both, named after the server:
+`channels` (AgentConsumer through Channels' communicator, as daphne serves it) and
+`gateway` (the gateway's server over a real socket). test_gateway_server.py runs on uvloop,
+the rest of gateway/tests on asyncio's loop."""
 
 import asyncio
 
 import uvloop
 
-ON_THE_GATEWAYS_LOOP = {"test_gateway_server.py"}
+BOTH_SERVERS = {"channels": asyncio.new_event_loop, "gateway": uvloop.new_event_loop}
 
 
 def pytest_asyncio_loop_factories(config, item):
-    if item.path.name in ON_THE_GATEWAYS_LOOP:
-        return {"uvloop": uvloop.new_event_loop}
+    if item.path.name == "test_consumers.py":
+        return BOTH_SERVERS
+    if item.path.name == "test_gateway_server.py":
+        return {"gateway": uvloop.new_event_loop}
     return {"asyncio": asyncio.new_event_loop}

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 import pytest_asyncio
+import uvloop
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.utils import timezone
@@ -54,17 +55,18 @@ def event(signature="xid:79", **extra):
 GATEWAY_URL = None
 
 
-@pytest_asyncio.fixture(autouse=True, params=["channels", "gateway"])
-async def served_by(request):
-    """Every test here runs against both servers of the agent socket."""
+@pytest_asyncio.fixture(autouse=True)
+async def served_by():
+    """Every test here runs against both servers of the agent socket, each on its own
+    event loop (conftest.py): the gateway's server on uvloop, Channels' on asyncio's."""
     global GATEWAY_URL
-    if request.param == "channels":
-        yield request.param
+    if not isinstance(asyncio.get_running_loop(), uvloop.Loop):
+        yield "channels"
         return
     async with serving_gateway() as url:
         GATEWAY_URL = url
         try:
-            yield request.param
+            yield "gateway"
         finally:
             GATEWAY_URL = None
 
