@@ -23,7 +23,10 @@ from nodes.models import AgentToken, Node, NodeTransition
 from nodes.services import do_issue_join_token, do_open_rejoin, do_revoke_agent_token
 from gateway.tests.gateway_client import GatewayCommunicator, serving_gateway
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True),
+# Every test runs against both servers of the agent socket, each on the loop it serves on
+# (conftest.py).
+pytestmark = [pytest.mark.asyncio(loop_factories=["channels", "gateway"]),
+              pytest.mark.django_db(transaction=True),
               pytest.mark.usefixtures("in_memory_channel_layer")]
 
 GPUS = [{"index": i, "uuid": f"GPU-{i:04d}", "name": "NVIDIA H200",
@@ -57,8 +60,8 @@ GATEWAY_URL = None
 
 @pytest_asyncio.fixture(autouse=True)
 async def served_by():
-    """Every test here runs against both servers of the agent socket, each on its own
-    event loop (conftest.py): the gateway's server on uvloop, Channels' on asyncio's."""
+    """The server of this run (pytestmark): the gateway's on uvloop, Channels' on asyncio's
+    loop."""
     global GATEWAY_URL
     if not isinstance(asyncio.get_running_loop(), uvloop.Loop):
         yield "channels"

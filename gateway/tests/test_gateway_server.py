@@ -16,7 +16,8 @@ from websockets.exceptions import ConnectionClosed
 from gateway.server import run_gateway
 from gateway.tests.test_consumers import hello
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True),
+pytestmark = [pytest.mark.asyncio(loop_factories=["gateway"]),
+              pytest.mark.django_db(transaction=True),
               pytest.mark.usefixtures("in_memory_channel_layer")]
 
 
