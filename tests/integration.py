@@ -274,6 +274,11 @@ class Agent(Process):
         super().__init__(f"agent {name}", argv, env={**env, "CLUSTERUI_AGENT_TOKEN": token},
                          log_path=log_path)
 
+    def connections_opened(self):
+        """How many times the agent was welcomed, by its log. It logs a welcome a moment
+        after the server stored the hello."""
+        return self.log_text().count("connected to ws://")
+
     def outbox_ids(self):
         """The ids of the events in the agent's outbox (not yet acked)."""
         path = self.state_dir / AGENT_OUTBOX

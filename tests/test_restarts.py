@@ -40,10 +40,6 @@ class Redis(Process):
         processes.processes.append(self)
 
 
-def connections_opened(agent):
-    return agent.log_text().count("connected to ws://")
-
-
 def test_a_redis_restart_drops_no_agent_connection_and_loses_no_event_or_work(processes):
     redis = Redis(processes).start().wait_listening()
     processes.env.update(REDIS_URL=redis.url, CLUSTERUI_BOOT_WINDOW_S="0")
@@ -57,9 +53,9 @@ def test_a_redis_restart_drops_no_agent_connection_and_loses_no_event_or_work(pr
         cluster=cluster, name="gpu-blip", last_hello_at__isnull=False).first(),
         timeout=30, what="gpu-blip says hello")
     # The agent logs its connection once welcomed, a moment after the server stored the hello.
-    wait_until(lambda: connections_opened(agent) >= 1, timeout=10,
+    wait_until(lambda: agent.connections_opened() >= 1, timeout=10,
                what="the agent logs its connection")
-    assert connections_opened(agent) == 1
+    assert agent.connections_opened() == 1
 
     redis.kill()
     lost_at = time.time()
@@ -79,7 +75,7 @@ def test_a_redis_restart_drops_no_agent_connection_and_loses_no_event_or_work(pr
     print(f"the check reached the agent and passed {time.time() - back_at:.1f} s after "
           f"Redis came back")
     # One connection all along: the outage dropped nothing.
-    assert connections_opened(agent) == 1
+    assert agent.connections_opened() == 1
     assert "WSDISCONNECT" not in server.log_text()
 
 
@@ -168,5 +164,5 @@ def test_a_postgresql_restart_drops_no_agent_connection_and_loses_no_event(proce
             ("xid:79", "xid:48", "xid:63", "xid:94")} == {
         "xid:79": (1, 1), "xid:48": (1, 1), "xid:63": (1, 1), "xid:94": (1, 1)}
     assert "heartbeat_lost" not in events
-    assert connections_opened(agent) == 1
-    assert connections_opened(late) == 1
+    assert agent.connections_opened() == 1
+    assert late.connections_opened() == 1
