@@ -4,9 +4,7 @@
     .venv/bin/python bench/sample_path.py [--samples 20000] [--rounds 3]
 
 No database or Redis: the live store is the production one (RedisLiveStore), whose record()
-encodes and buffers without I/O. Every 300 samples (a flush's, at 6,000 a second) the
-batch's readings and minute are taken, as its flush does, and its buffer is emptied. The
-samples come from 2,000 nodes in turn, each with its own minute, as a fleet's do.
+encodes and buffers without I/O; its buffer is emptied every 500 samples, as a flush would.
 It prints the CPU per sample of the whole path and of each part (the best of --rounds), and
 orjson.loads of the same text: the floor a server that only decodes its frames pays (the
 bare server of bench/ingest).
@@ -23,8 +21,6 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "clusterui.settings")
 
 TEXTS = 200  # distinct frames, from the trace's successive readings
-NODES = 2000
-BATCH = 300
 
 
 def frames_of_the_trace():
@@ -73,43 +69,27 @@ def main():
     texts, totals = frames_of_the_trace()
     store = RedisLiveStore("redis://unused")  # record() does no I/O
 
-    def flushed():
-        store.node_minute.take_readings(50.0)
-        store.pending = {}
-
     def whole_path(i):
         frame = fast_sample(texts[i % TEXTS])
         [gpu.uuid for gpu in frame.gpus if gpu.uuid not in totals]
-        store.record(1, live_sample(frame, node_id=1 + i % NODES, received_at=time.time(),
+        store.record(1, live_sample(frame, node_id=7, received_at=time.time(),
                                     memory_totals=totals))
-        if i % BATCH == BATCH - 1:
-            flushed()
+        if i % 500 == 0:
+            store.pending, store.pending_readings = {}, []
 
-    entries = [live_sample(fast_sample(text), node_id=1, received_at=time.time(),
+    entries = [live_sample(fast_sample(text), node_id=7, received_at=time.time(),
                            memory_totals=totals) for text in texts]
-
-    def record_and_flush(i):
-        store.record(1, entries[i % TEXTS]._replace(node_id=1 + i % NODES))
-        if i % BATCH == BATCH - 1:
-            flushed()
-
-    def readings_and_minute(i):
-        store.node_minute.add(1, entries[i % TEXTS]._replace(node_id=1 + i % NODES))
-        if i % BATCH == BATCH - 1:
-            store.node_minute.take_readings(50.0)
-
     parts = {
         "the whole path": whole_path,
         "  fast_sample (read and check)": lambda i: fast_sample(texts[i % TEXTS]),
-        "  record, and the flush's readings": record_and_flush,
-        "    of which the readings and minute": readings_and_minute,
+        "  record (encode, reading, minute)": lambda i: store.record(1, entries[i % TEXTS]),
         "orjson.loads alone (the floor)": lambda i: orjson.loads(texts[i % TEXTS]),
     }
     print(f"bench/sample_path.py: {args.samples} samples of {len(texts[0])} bytes (8 GPUs), "
           f"best of {args.rounds}")
     for name, func in parts.items():
-        print(f"{name:40s} {cpu_per_call(func, args.samples, args.rounds):6.1f} us a sample")
-        flushed()
+        print(f"{name:38s} {cpu_per_call(func, args.samples, args.rounds):6.1f} us a sample")
+        store.pending, store.pending_readings = {}, []
 
 
 if __name__ == "__main__":

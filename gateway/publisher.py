@@ -253,7 +253,7 @@ class Publisher:
             finished = self.store.node_minute.finish_if_new_minute(
                 now or datetime.now(tz=dt_timezone.utc))
             if finished:
-                await on_publisher_threads(write_node_rollups)(finished)
+                await on_publisher_threads(write_node_rollups)(*finished)
         except Exception:
             logger.exception("writing the minute's node rollups failed")
 

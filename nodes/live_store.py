@@ -2,8 +2,8 @@
 
 Samples never reach the database. The agent consumer calls record() for each sample (no
 I/O); the publisher calls flush() every 50 ms, and its leader read_fold() once a second.
-record() also keeps the sample in this process's NodeMinute (nodes/live_fold.py), and each
-flush takes the batch's NodeReadings from it, for the fold the publisher's tick reads.
+record() also folds the sample into what the publisher's tick needs (nodes/live_fold.py):
+its NodeReading and this process's NodeMinute, in one pass over its GPUs.
 
 An entry is kept encoded, as one JSON object: the sample's fields, its node's id, when it
 was received, each GPU's memory total (from the hello) and the connection's latest hygiene.
@@ -11,11 +11,11 @@ Readers get it as a dict (decode_entry).
 
 - MemoryLiveStore (embedded mode): process memory; the one server process sees everything
   and folds every reading.
-- RedisLiveStore (production): record() buffers the entry, encoded; flush() writes the
-  entries to one Redis hash per cluster, so that every server process reads the whole fleet
-  (pages, /metrics), and appends the batch's readings to one Redis list, in one pipeline.
-  The leader's read_fold() takes the list's readings into its fold; its own it folds at its
-  flush (set_leading), without the round trip.
+- RedisLiveStore (production): record() buffers the entry and its reading, encoded;
+  flush() writes the entries to one Redis hash per cluster, so that every server process
+  reads the whole fleet (pages, /metrics), and appends the readings to one Redis list, in
+  one pipeline. The leader's read_fold() takes the list's readings into its fold; its own
+  readings it folds as it records them (set_leading), without the round trip.
 """
 
 import asyncio
@@ -94,19 +94,16 @@ class MemoryLiveStore:
 
     def record(self, cluster_id, sample):
         self.latest.setdefault(cluster_id, {})[sample.node_id] = encode_entry(sample)
-        self.node_minute.add(cluster_id, sample)
+        self.fold.add(cluster_id, self.node_minute.add(sample, _min_util_pct()))
 
     def set_leading(self, leading):
         """The one process folds every reading, leading or not."""
 
     async def flush(self):
-        for cluster_id, reading in self.node_minute.take_readings(_min_util_pct()):
-            self.fold.add(cluster_id, reading)
         return 0
 
     async def read_fold(self):
         """The fold of every reading (the publisher's leader, once a second)."""
-        await self.flush()
         return self.fold
 
     def read(self, cluster_id):
@@ -126,6 +123,7 @@ class RedisLiveStore:
     def __init__(self, url):
         self.url = url
         self.pending = {}  # cluster_id -> {node_id: the entry, encoded}
+        self.pending_readings = []  # this process's readings since the last flush, encoded
         self.recorded = 0  # samples recorded since the last flush
         self.fold = LiveFold()  # every process's readings; read_fold() fills it (the leader)
         self.node_minute = NodeMinute()  # of this process's samples
@@ -146,24 +144,24 @@ class RedisLiveStore:
         # second were promoted to the oldest generation, and each of its full collections
         # stopped the process for up to a quarter of a second).
         self.pending.setdefault(cluster_id, {})[sample.node_id] = encode_entry(sample)
-        self.node_minute.add(cluster_id, sample)
+        reading = self.node_minute.add(sample, _min_util_pct())
+        if self.leading:
+            self.fold.add(cluster_id, reading)
+        else:
+            self.pending_readings.append(orjson.dumps(encode_reading(cluster_id, reading)))
         self.recorded += 1
 
     def set_leading(self, leading):
         """Whether this process leads the publisher now (its lease, renewed every second).
-        The readings it flushes while it leads go straight into its fold; the others' come
+        A reading recorded while it leads goes straight into its fold; the others' come
         through Redis. One that loses the lease sends its readings to the new leader again
         once it knows (its next renewal, within a second): until then they stay in its own
         fold, and the nodes reach the new leader's with their next samples."""
         self.leading = leading
 
     async def flush(self):
-        readings = self.node_minute.take_readings(_min_util_pct())
-        if self.leading:
-            for cluster_id, reading in readings:
-                self.fold.add(cluster_id, reading)
-            readings = []
         pending, self.pending = self.pending, {}
+        readings, self.pending_readings = self.pending_readings, []
         recorded, self.recorded = self.recorded, 0
         if not pending:
             return 0
@@ -174,8 +172,7 @@ class RedisLiveStore:
                 pipe.hset(key, mapping=entries)
                 pipe.expire(key, LIVE_TTL_S)
             if readings:
-                pipe.rpush(READINGS_KEY, orjson.dumps([encode_reading(cluster_id, reading)
-                                                       for cluster_id, reading in readings]))
+                pipe.rpush(READINGS_KEY, b"[" + b",".join(readings) + b"]")
                 pipe.ltrim(READINGS_KEY, -READINGS_KEPT, -1)
                 pipe.expire(READINGS_KEY, READINGS_TTL_S)
             await pipe.execute()

@@ -32,11 +32,15 @@ def reading(value):
 
 
 def add_values(stats, record, metrics):
-    """Add the values of `metrics` in the dict `record` (None or beyond READING_MAX: no
-    reading) to the flat list `stats`."""
+    """Add the values of `metrics` in the dict `record` to the flat list `stats`."""
+    add_readings(stats, [reading(record.get(metric)) for metric in metrics])
+
+
+def add_readings(stats, values):
+    """Add `values` (one per metric, in the metrics' order; None: no reading), each within
+    READING_MAX, to the flat list `stats`."""
     offset = 0
-    for metric in metrics:
-        value = reading(record.get(metric))
+    for value in values:
         if value is not None:
             stats[offset] += value
             stats[offset + 1] += 1
@@ -77,11 +81,15 @@ def cluster_rollup_rows(minute, clusters):
     return rows
 
 
-def node_rollup_rows(finished, node_ids):
-    """A FinishedMinute's NodeRollup rows of `node_ids`: (node id, minute, gpus,
+def node_rollup_rows(minute, gpus, nodes, node_ids):
+    """A finished minute's NodeRollup rows of `node_ids`: (node id, minute, gpus,
     node_metrics), as insert_rows() takes them."""
-    return [(node_id, finished.minute, gpus, node)
-            for node_id, (gpus, node) in zip(node_ids, finished.means_and_peaks(node_ids))]
+    return [
+        (node_id, minute,
+         {uuid: mean_and_peak(stats, GPU_METRICS) for uuid, stats in gpus[node_id].items()},
+         mean_and_peak(nodes[node_id], NODE_METRICS))
+        for node_id in node_ids
+    ]
 
 
 # The writer runs in a worker thread while the event loop ingests. Building and inserting
@@ -103,18 +111,18 @@ def write_cluster_rollups(minute, clusters):
 
 
 @transaction.atomic
-def write_node_rollups(finished):
-    """Write NodeMinute's FinishedMinute, in one transaction. A node's minute already written
+def write_node_rollups(minute, gpus, nodes):
+    """Write NodeMinute's finished minute, in one transaction. A node's minute already written
     (by another server process, where the node reconnected to it within the minute) is
     kept; a node removed within the minute is left out."""
-    where, params = one_of(Node, "id", finished.node_ids())
+    where, params = one_of(Node, "id", list(gpus))
     node_ids = sorted(node_id for (node_id,) in select(
         f"SELECT {column(Node, 'id')} FROM {table(Node)} WHERE {where}", params))
     for start in range(0, len(node_ids), WRITE_BATCH_ROWS):
         if start:
             time.sleep(WRITE_PAUSE_S)
         batch = node_ids[start:start + WRITE_BATCH_ROWS]
-        insert_rows(NodeRollup, NODE_ROLLUP_FIELDS, node_rollup_rows(finished, batch),
+        insert_rows(NodeRollup, NODE_ROLLUP_FIELDS, node_rollup_rows(minute, gpus, nodes, batch),
                     conflict_do_nothing=True)
 
 

@@ -87,35 +87,18 @@ def exercise():
 
     # A JSON column of nested objects, and a datetime: the minute's node rollups, where a
     # node removed within the minute is left out and a minute already written is kept.
-    from types import SimpleNamespace
-
-    from nodes.live_fold import LiveSample, NodeMinute
     from nodes.models import NodeRollup
-    from nodes.rollups import GPU_METRICS, NODE_METRICS, write_node_rollups
+    from nodes.rollups import write_node_rollups
 
     minute = now.replace(second=0, microsecond=0)
-
-    def finished_minute(node_ids, samples):
-        """The minute of `samples` ((GPU-3's readings, the node's), None: no reading) from
-        each of `node_ids`."""
-        node_minute = NodeMinute()
-        for node_id in node_ids:
-            for gpu, node in samples:
-                gpu = SimpleNamespace(uuid="GPU-3", sm_clock_mhz=None,
-                                      **dict(zip(GPU_METRICS, gpu)))
-                node_minute.add(1, LiveSample(node_id, minute.timestamp(), 1, 0.0, [gpu], [None],
-                                              SimpleNamespace(**dict(zip(NODE_METRICS, node))),
-                                              None))
-        node_minute.take_readings(90.0)
-        return node_minute.finish_if_new_minute(minute + timedelta(minutes=1))
-
-    # util_pct, sm_active_pct (none: no GPM), mem_used_bytes, temp_c, power_w (none); the
-    # node's net_rx_bps, net_tx_bps, cpu_pct.
-    samples = [((80.0, None, 9e10, 40, None), (1e9, 2e9, 50.5)),
-               ((100.0, None, 1.1e11, 50, None), (1e9, 2e9, 50.5))]
+    # util_pct, sm_active_pct (none: no GPM), mem_used_bytes, temp_c, power_w (none)
+    gpu_stats = [180.0, 2, 100.0, 0.0, 0, None, 2e11, 2, 1.1e11, 90, 2, 50, 0.0, 0, None]
+    node_stats = [1e9, 1, 1e9, 2e9, 1, 2e9, 50.5, 1, 50.5]
     gone = node.pk + 1000
-    write_node_rollups(finished_minute([node.pk, gone], samples))
-    write_node_rollups(finished_minute([node.pk], [((None,) * 5, (None,) * 3)]))
+    write_node_rollups(minute, {node.pk: {"GPU-3": gpu_stats}, gone: {"GPU-x": gpu_stats}},
+                       {node.pk: node_stats, gone: node_stats})
+    write_node_rollups(minute, {node.pk: {"GPU-3": [0.0, 0, None] * 5}},
+                       {node.pk: [0.0, 0, None] * 3})
     [rollup] = NodeRollup.objects.filter(node__cluster=cluster)
     assert rollup.minute == minute
     assert rollup.gpus == {"GPU-3": {"util_pct": [90.0, 100.0], "sm_active_pct": [None, None],

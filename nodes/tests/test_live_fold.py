@@ -10,7 +10,7 @@ import pytest
 from gateway.protocol import live_sample
 from nodes.live_fold import ClusterFold, NodeMinute
 from nodes.live_store import MemoryLiveStore, decode_entry, encode_entry
-from nodes.rollups import GPU_METRICS, NODE_METRICS, reading
+from nodes.rollups import GPU_METRICS, NODE_METRICS, mean_and_peak, reading
 
 GIB = 2**30
 STALE_S = 15.0
@@ -46,11 +46,8 @@ def sample(node_id, received_at, rng, complete=False):
 
 
 def node_reading(sample, min_util_pct):
-    """The sample's NodeReading, as the live store's flush has it made."""
-    node_minute = NodeMinute()
-    node_minute.add(1, sample)
-    [(_, reading)] = node_minute.take_readings(min_util_pct)
-    return reading
+    """The sample's NodeReading, as the live store's record() has it made."""
+    return NodeMinute().add(sample, min_util_pct)
 
 
 def as_entry(sample):
@@ -144,13 +141,11 @@ def test_a_nodes_minute_is_the_mean_and_peak_of_its_samples():
     for second, util in [(1, 10.0), (2, 20.0), (50, 60.0)]:
         entry = sample(7, (minute + timedelta(seconds=second)).timestamp(), rng)
         entry.gpus[0].util_pct = util
-        node_minute.add(1, entry)
-    node_minute.take_readings(90.0)
+        node_minute.add(entry, 90.0)
     assert node_minute.finish_if_new_minute(minute + timedelta(seconds=59)) is None
-    finished = node_minute.finish_if_new_minute(minute + timedelta(minutes=1))
-    assert finished.minute == minute and finished.node_ids() == [7]
-    [(gpus, _)] = finished.means_and_peaks([7])
-    assert gpus["GPU-7-0"]["util_pct"] == [30.0, 60.0]
+    finished_minute, gpus, nodes = node_minute.finish_if_new_minute(minute + timedelta(minutes=1))
+    assert finished_minute == minute and list(nodes) == [7]
+    assert gpus[7]["GPU-7-0"][:3] == [90.0, 3, 60.0]  # total, count, peak of util_pct
     assert node_minute.finish_if_new_minute(minute + timedelta(minutes=1, seconds=5)) is None
 
 
@@ -163,14 +158,12 @@ def test_a_minute_of_complete_samples_and_samples_with_readings_missing():
     for second, util, power in [(1, 10.0, 600.0), (2, None, 700.0), (3, 40.0, None)]:
         entry = sample(7, (minute + timedelta(seconds=second)).timestamp(), rng, complete=True)
         entry.gpus[0].util_pct, entry.gpus[0].power_w = util, power
-        node_minute.add(1, entry)
-    node_minute.take_readings(90.0)
-    [(gpus, node)] = node_minute.finish_if_new_minute(
-        minute + timedelta(minutes=1)).means_and_peaks([7])
-    assert gpus["GPU-7-0"]["util_pct"] == [25.0, 40.0]
-    assert gpus["GPU-7-0"]["power_w"] == [650.0, 700.0]
-    assert gpus["GPU-7-0"]["temp_c"] == [50.0, 50]
-    assert node["cpu_pct"] == [10.0, 10.0]
+        node_minute.add(entry, 90.0)
+    _, gpus, nodes = node_minute.finish_if_new_minute(minute + timedelta(minutes=1))
+    assert mean_and_peak(gpus[7]["GPU-7-0"], GPU_METRICS)["util_pct"] == [25.0, 40.0]
+    assert mean_and_peak(gpus[7]["GPU-7-0"], GPU_METRICS)["power_w"] == [650.0, 700.0]
+    assert mean_and_peak(gpus[7]["GPU-7-0"], GPU_METRICS)["temp_c"] == [50.0, 50]
+    assert mean_and_peak(nodes[7], NODE_METRICS)["cpu_pct"] == [10.0, 10.0]
 
 
 def test_a_gpu_gone_within_the_minute_keeps_its_part_of_the_minute():
@@ -183,19 +176,16 @@ def test_a_gpu_gone_within_the_minute_keeps_its_part_of_the_minute():
         entry = sample(7, (minute + timedelta(seconds=second)).timestamp(), rng, complete=True)
         for gpu in entry.gpus:
             gpu.temp_c = 40 + second
-        entry.node.cpu_pct = 10.0 * second
         if second in (2, 3):
             entry = entry._replace(gpus=entry.gpus[:3] + entry.gpus[4:],
                                    mem_totals=entry.mem_totals[:3] + entry.mem_totals[4:])
-        node_minute.add(1, entry)
-        [(_, reading)] = node_minute.take_readings(90.0)
+        reading = node_minute.add(entry, 90.0)
         assert reading.gpus == len(entry.gpus)
-    [(gpus, node)] = node_minute.finish_if_new_minute(
-        minute + timedelta(minutes=1)).means_and_peaks([7])
-    assert sorted(gpus) == [f"GPU-7-{index}" for index in range(8)]
-    assert gpus["GPU-7-3"]["temp_c"] == [125 / 3, 44]  # 40, 41, 44
-    assert gpus["GPU-7-4"]["temp_c"] == [42.0, 44]
-    assert node["cpu_pct"] == [20.0, 40.0]  # every sample: 0, 10, 20, 30, 40
+    _, gpus, nodes = node_minute.finish_if_new_minute(minute + timedelta(minutes=1))
+    assert sorted(gpus[7]) == [f"GPU-7-{index}" for index in range(8)]
+    assert mean_and_peak(gpus[7]["GPU-7-3"], GPU_METRICS)["temp_c"] == [125 / 3, 44]  # 40, 41, 44
+    assert mean_and_peak(gpus[7]["GPU-7-4"], GPU_METRICS)["temp_c"] == [42.0, 44]
+    assert nodes[7][4] == 5  # net_tx_bps: every sample
 
 
 def gpus_kept(node_id, second, rng):
@@ -226,22 +216,19 @@ def test_a_minute_of_random_samples_is_each_readings_mean_and_peak(complete):
             kept = gpus_kept(node_id, second, rng)
             entry = entry._replace(gpus=[entry.gpus[i] for i in kept],
                                    mem_totals=[entry.mem_totals[i] for i in kept])
-            node_minute.add(1, entry)
-            if rng.random() < 0.2:  # a flush: batches of a few samples, a node twice in some
-                node_minute.take_readings(90.0)
+            node_minute.add(entry, 90.0)
             for gpu in entry.gpus:
                 for metric in GPU_METRICS:
                     seen.setdefault((node_id, gpu.uuid, metric), []).append(getattr(gpu, metric))
             for metric in NODE_METRICS:
                 seen.setdefault((node_id, None, metric), []).append(getattr(entry.node, metric))
-    node_minute.take_readings(90.0)
-    finished = node_minute.finish_if_new_minute(minute + timedelta(minutes=1))
-    assert sorted(finished.node_ids()) == [1, 2, 3]
-    for node_id, (gpus, node) in zip([1, 2, 3], finished.means_and_peaks([1, 2, 3])):
+    _, gpus, nodes = node_minute.finish_if_new_minute(minute + timedelta(minutes=1))
+    for node_id in (1, 2, 3):
         for (seen_node, uuid, metric), values in seen.items():
             if seen_node != node_id:
                 continue
-            got = (node if uuid is None else gpus[uuid])[metric]
+            got = (mean_and_peak(nodes[node_id], NODE_METRICS) if uuid is None else
+                   mean_and_peak(gpus[node_id][uuid], GPU_METRICS))[metric]
             readings = [value for value in values if value is not None]
             if not readings:
                 assert got == [None, None]
@@ -250,13 +237,11 @@ def test_a_minute_of_random_samples_is_each_readings_mean_and_peak(complete):
                                max(readings)]
 
 
-@pytest.mark.asyncio
-async def test_the_embedded_store_folds_what_it_records():
+def test_the_embedded_store_folds_what_it_records():
     store = MemoryLiveStore()
     rng = random.Random(4)
     entry = sample(3, 1000.0, rng)
     store.record(9, entry)
-    await store.flush()
     assert store.fold.cluster(9).readings[3] == node_reading(entry, 90.0)
     assert store.read_node(9, 3) == as_entry(entry)
 
@@ -296,7 +281,7 @@ async def test_in_production_the_leader_folds_the_readings_of_every_process(redi
 
 
 @pytest.mark.asyncio
-async def test_the_leader_folds_its_own_readings_as_it_flushes_them(redis_live_store):
+async def test_the_leader_folds_its_own_readings_as_it_records_them(redis_live_store):
     """The leader's own samples skip the round trip through Redis; another process's reach
     it through Redis; and one that stops leading sends its readings to the new leader."""
     rng = random.Random(6)
@@ -305,9 +290,9 @@ async def test_the_leader_folds_its_own_readings_as_it_flushes_them(redis_live_s
     own, others = sample(1, 1000.0, rng), sample(2, 1000.0, rng)
     try:
         leader.record(1, own)
-        await leader.flush()
         assert leader.fold.cluster(1).readings[1] == node_reading(own, 90.0)
         other.record(1, others)
+        await leader.flush()
         await other.flush()
         fold = await leader.read_fold()
         assert set(fold.cluster(1).readings) == {1, 2}
