@@ -12,6 +12,14 @@ from gateway.routing import websocket_urlpatterns  # noqa: E402
 
 from common import gc_tuning  # noqa: E402
 
+# The URLconf (every view, and the API's schemas) imported at start, not by the first
+# request: Django resolves a request's URL on the event loop, and the import held it for
+# 0.4 s of CPU and more on a busy core, every agent's frames and every page waiting
+# (py-spy, bench/README.md "Embedded mode"). Before the freeze below, as the rest.
+from django.urls import get_resolver  # noqa: E402
+
+get_resolver().url_patterns
+
 application = ProtocolTypeRouter(
     {
         "http": UploadSizeGuard(django_asgi_app),

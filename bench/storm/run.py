@@ -172,7 +172,8 @@ async def connect_as_the_agent(agent, rng):
 
 
 class PagePoller:
-    """GET a page every `every_s` from a thread: (seconds, status) of each, by phase."""
+    """GET a page every `every_s` from a thread: (when sent, seconds, status) of each, by
+    phase."""
 
     def __init__(self, url, every_s=0.2):
         self.url, self.every_s = url, every_s
@@ -191,20 +192,24 @@ class PagePoller:
             except OSError:
                 status = None  # refused (the server is down) or timed out
             self.answers.setdefault(self.phase, []).append(
-                (time.monotonic() - started, status))
+                (started, time.monotonic() - started, status))
             self.stopped.wait(max(0.0, self.every_s - (time.monotonic() - started)))
 
     def figures(self, phase):
-        answered = sorted(seconds for seconds, status in self.answers.get(phase, [])
-                          if status is not None)
+        """Percentiles of the phase's answered pages; when the slowest was sent, in seconds
+        from the phase's first."""
+        pages = self.answers.get(phase, [])
+        answered = sorted(seconds for _, seconds, status in pages if status is not None)
         if not answered:
             return {"pages": 0}
+        slowest_sent = max((seconds, sent) for sent, seconds, status in pages
+                           if status is not None)[1]
         return {"pages": len(answered),
                 "page_p50_ms": round(percentile(answered, 50) * 1000),
                 "page_p99_ms": round(percentile(answered, 99) * 1000),
                 "page_max_ms": round(answered[-1] * 1000),
-                "page_errors": sum(1 for _, status in self.answers[phase]
-                                   if status not in (200, None))}
+                "page_max_sent_at_s": round(slowest_sent - pages[0][0], 1),
+                "page_errors": sum(1 for _, _, status in pages if status not in (200, None))}
 
 
 class Tracker:
