@@ -7,6 +7,7 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
+from gateway import daphne_upgrades  # noqa: E402
 from gateway.bundle_upload import UploadSizeGuard  # noqa: E402
 from gateway.routing import websocket_urlpatterns  # noqa: E402
 
@@ -19,6 +20,10 @@ from common import gc_tuning  # noqa: E402
 from django.urls import get_resolver  # noqa: E402
 
 get_resolver().url_patterns
+
+# Agents' WebSocket upgrades a few per turn of daphne's loop: pages never wait behind a
+# fleet's handshakes (gateway/daphne_upgrades.py).
+daphne_upgrades.install()
 
 application = ProtocolTypeRouter(
     {

@@ -14,6 +14,10 @@ HELLOS_IN_HAND = Gauge(
     "clusterui_gateway_hellos_in_hand",
     "Hellos this process is answering: all, and those on the full path (joins, reboots, a "
     "changed inventory).", ["path"], registry=REGISTRY)
+AGENT_UPGRADES_WAITING = Gauge(
+    "clusterui_gateway_agent_upgrades_waiting",
+    "Agents' WebSocket upgrades waiting for a turn of a web process's event loop "
+    "(gateway/daphne_upgrades.py).", registry=REGISTRY)
 RATE_LIMITED = Counter(
     "clusterui_gateway_rate_limited",
     "Frames answered rate_limited, by what was refused (hello, event, frame).", ["refused"],

@@ -283,6 +283,10 @@ class Processes:
             "beat": (1, [PY, "-m", "celery", "-A", "clusterui", "beat", "--loglevel=WARNING",
                          "--schedule", str(workdir / "celerybeat-schedule")]),
         }
+        # As scripts/demo.sh does: on the embedded SQLite broker, workers creating the queues
+        # at the same moment can crash one of them (UNIQUE constraint failed: kombu_queue.name).
+        subprocess.run([PY, "manage.py", "declare_task_queues"], cwd=REPO, env=env, check=True,
+                       stdout=subprocess.DEVNULL)
         self.procs = {}
         for name, (core, argv) in specs.items():
             logfile = open(workdir / f"{name}.log", "w")
