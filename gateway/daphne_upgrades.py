@@ -13,8 +13,9 @@ Here an agent's upgrade (`/ws/agent/`) is done at once while fewer than
 AGENT_UPGRADES_PER_TURN were done in this turn of the loop, and otherwise waits in order for
 a later turn. Every other request (pages, the API, browser sockets) is processed as it
 arrives. An agent waits at most its place in the line: the upgrades go on at the loop's
-speed, a few at a time, between everything else. Four are about 10 ms of a turn; with
-them the slowest page of the same joins took 0.42-0.61 s.
+speed, a few at a time, between everything else. Two at a time (about 5 ms of a turn), the
+same joins' pages took at most 0.41-0.48 s, p99 0.19-0.26 s; four at a time, at most
+0.42-0.61 s, p99 0.34-0.48 s; one at a time, no better than two.
 
 install() makes daphne's HTTP factory build these requests; clusterui/asgi.py calls it.
 """
@@ -26,7 +27,7 @@ from daphne import http_protocol
 from .series import AGENT_UPGRADES_WAITING
 
 AGENT_PATH = b"/ws/agent/"
-AGENT_UPGRADES_PER_TURN = 4
+AGENT_UPGRADES_PER_TURN = 2
 
 
 class UpgradeTurns:
