@@ -25,8 +25,8 @@ from collections import deque
 from daphne import http_protocol
 
 from .series import AGENT_UPGRADES_WAITING
+from .server import AGENT_PATH
 
-AGENT_PATH = b"/ws/agent/"
 AGENT_UPGRADES_PER_TURN = 2
 
 
@@ -43,12 +43,15 @@ class UpgradeTurns:
 
     def admit(self, upgrade):
         if not self.waiting and self.done_this_turn < self.per_turn:
-            self.done_this_turn += 1
-            self._call_next_turn()
-            upgrade()
+            self._run(upgrade)
         else:
             self.waiting.append(upgrade)
             self._call_next_turn()
+
+    def _run(self, upgrade):
+        self.done_this_turn += 1
+        self._call_next_turn()  # where this turn's count starts again
+        upgrade()
 
     def _call_next_turn(self):
         if not self.next_turn_called:
@@ -58,10 +61,8 @@ class UpgradeTurns:
     def _next_turn(self):
         self.next_turn_called = False
         self.done_this_turn = 0
-        while self.waiting and self.done_this_turn < self.per_turn:
-            self.done_this_turn += 1
-            self._call_next_turn()
-            self.waiting.popleft()()
+        for _ in range(min(self.per_turn, len(self.waiting))):
+            self._run(self.waiting.popleft())
 
 
 def call_next_turn(func):
@@ -71,6 +72,7 @@ def call_next_turn(func):
     reactor.callLater(0, func)
 
 
+AGENT_PATH_BYTES = AGENT_PATH.encode()
 AGENT_UPGRADES = UpgradeTurns(AGENT_UPGRADES_PER_TURN, call_next_turn)
 AGENT_UPGRADES_WAITING.set_function(lambda: len(AGENT_UPGRADES.waiting))
 
@@ -79,11 +81,14 @@ class PacedAgentUpgradeRequest(http_protocol.WebRequest):
     """daphne's request, its agent upgrades taken in turns (AGENT_UPGRADES)."""
 
     def process(self):
-        upgrade = self.requestHeaders.getRawHeaders(b"upgrade") or [b""]
-        if self.path == AGENT_PATH and upgrade[0].lower() == b"websocket":
+        if self.path == AGENT_PATH_BYTES and self._asks_for_websocket():
             AGENT_UPGRADES.admit(self._upgrade)
             return None
         return super().process()
+
+    def _asks_for_websocket(self):
+        upgrade = self.requestHeaders.getRawHeaders(b"upgrade") or [b""]
+        return upgrade[0].lower() == b"websocket"
 
     def _upgrade(self):
         if not self._disconnected:  # an agent that left while it waited is not upgraded
