@@ -1,14 +1,15 @@
 """The live publisher: the only thing that pushes to browsers and offers work to agents.
 
-One asyncio task per server process flushes that process's live-store buffer every 50 ms,
-and once a minute writes the minute's NodeRollup rows of the samples that process received.
-One of them (in production, the holder of a Redis lease; in embedded mode, the only one)
-also
+One asyncio task per server process flushes that process's live-store buffer every 50 ms.
+One of them leads (in production, the holder of a Redis lease, which a process with
+CLUSTERUI_PUBLISHER_LEADS=false never takes; in embedded mode, the only one), and
 - once a second and for each cluster: reads the fold of the live samples
-  (nodes/live_fold.py: sums kept as samples arrive, not every node's sample read again),
+  (nodes/live_fold.py: sums kept as samples arrive, not every node's sample read again;
+  in production the leader folds every process's samples, nodes/live_store.py),
   builds the summary, sends it to the browsers' group `cluster.<slug>`, adds the tick to the
-  minute's ClusterRollup, writes `last_seen` of the nodes heard from since the last tick,
-  and runs the slow GPU rule (healthchecks/slow_gpus.py) over the GPUs at load;
+  minute's ClusterRollup, writes `last_seen` of the nodes heard from since the last tick
+  and the ended minute's NodeRollup rows, and runs the slow GPU rule
+  (healthchecks/slow_gpus.py) over the GPUs at load;
 - every FEED_EVERY_S: reads the change feed (clusters/change_feed.py), whoever wrote it (a
   view, a consumer, a Celery worker), and pushes it: one "health.changed",
   "repair.changed" or "check.changed" per cluster however many rows, and to a node's agent
@@ -37,6 +38,7 @@ from clusters.change_feed import Kind, read_changes
 from clusters.models import Cluster
 from common.bulk_sql import column, one_of, select, table, update_rows
 from common.groups import agent_group, cluster_group
+from common.stop_signals import stop_on_signals
 from healthchecks.slow_gpu_events import (
     GPU_MODELS_REFRESH_S,
     read_slow_gpu_facts,
@@ -66,6 +68,10 @@ if redis.call('get', KEYS[1]) == ARGV[1] then
     return redis.call('pexpire', KEYS[1], ARGV[2])
 end
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+"""
+RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0
 """
 FEED_READER = "publisher"
@@ -244,11 +250,21 @@ class Publisher:
         """Production: one publisher in the whole deployment, by a Redis lease it renews."""
         if not settings.REDIS_URL:
             return True
+        if not settings.CLUSTERUI_PUBLISHER_LEADS:
+            return False
         held = await self.store.client.eval(TAKE_OR_RENEW, 1, LEASE_KEY, self.identity, LEASE_MS)
         return bool(held)
 
+    async def release_lease(self):
+        """Give the lease up at once, if held (a stopping process): another process takes it
+        within a second, not when it expires."""
+        if settings.REDIS_URL and self.leading:
+            await self.store.client.eval(RELEASE, 1, LEASE_KEY, self.identity)
+            self.leading = False
+
     async def write_node_minute(self, now=None):
-        """Write the minute of this process's samples, once it has ended."""
+        """Write the minute of the samples folded here, once it has ended (a process that
+        stopped leading writes what it folded while it led)."""
         try:
             finished = self.store.node_minute.finish_if_new_minute(
                 now or datetime.now(tz=dt_timezone.utc))
@@ -305,3 +321,22 @@ def ensure_publisher():
     if _task is not None and not _task.done() and _task.get_loop() is loop:
         return
     _task = loop.create_task(Publisher().run(), name="clusterui-live-publisher")
+
+
+async def run_publisher_process(stop=None):
+    """`manage.py publisher`: the publisher alone, in a process of its own, until SIGTERM or
+    SIGINT (or `stop`, an asyncio.Event, in tests). Production only: it leads through the
+    Redis lease, and folds the samples the agent-serving processes send through Redis."""
+    stop = stop_on_signals(stop)
+    publisher = Publisher()
+    task = asyncio.create_task(publisher.run(), name="clusterui-live-publisher")
+    await stop.wait()
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    try:
+        await publisher.release_lease()
+    finally:
+        await publisher.store.close()

@@ -20,13 +20,14 @@ gateway processes while this one restarts.
 
 import asyncio
 import logging
-import signal
 from http import HTTPStatus
 
 from websockets.asyncio.server import serve
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Response
+
+from common.stop_signals import stop_on_signals
 
 from .consumers import AgentConsumer
 from .protocol import MAX_FRAME_BYTES
@@ -121,13 +122,7 @@ def answer_http(connection, request):
 async def run_gateway(host, port, *, ready=None, stop=None):
     """Serve until SIGTERM/SIGINT (or `stop`, an asyncio.Event, in tests); `ready` is called
     with the bound port once listening."""
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        try:
-            loop.add_signal_handler(signum, stop.set)
-        except (RuntimeError, ValueError):  # not the main thread (tests)
-            pass
+    stop = stop_on_signals(stop)
     # No compression: a sample is 2 KB a second per node, and inflating it would cost more
     # of the core than the bytes it saves on a datacenter network.
     async with serve(serve_agent, host, port, process_request=answer_http, compression=None,

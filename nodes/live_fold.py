@@ -11,9 +11,9 @@ sample is reduced when it is recorded (nodes/live_store.py):
 - into a NodeMinute: each node's minute of GPU and node metrics, written as NodeRollup rows
   when the minute ends.
 
-In embedded mode the one process folds its own samples. In production every server process
-sends its readings to Redis, where the publisher's leader folds them (nodes/live_store.py),
-and writes the minutes of the nodes whose samples it received.
+In embedded mode the one process folds its own samples. In production the publisher's leader
+folds every process's samples, which the others send it through Redis (nodes/live_store.py),
+and writes the fleet's minutes.
 """
 
 from datetime import datetime, timezone as dt_timezone
@@ -67,16 +67,6 @@ SUMMED = slice(2, 10)
 NO_SUMS = [0] * (SUMMED.stop - SUMMED.start)
 
 
-def encode_reading(cluster_id, node_reading):
-    """A reading as a JSON-ready list, for the leader's fold in another process."""
-    return [cluster_id, *node_reading]
-
-
-def decode_reading(values):
-    """(cluster id, NodeReading) of encode_reading()'s list (its GPUs at load as lists)."""
-    return values[0], NodeReading(*values[1:])
-
-
 class ClusterFold:
     """A cluster's latest reading of each node that is not stale, and their sums."""
 
@@ -97,7 +87,7 @@ class ClusterFold:
         if old is not None:
             if old.received_at > node_reading.received_at:
                 # An older reading come late: the node moved to the leader's own process,
-                # whose readings are folded at once, from one whose come through Redis.
+                # whose samples are folded at once, from one whose come through Redis.
                 return
             self._subtract(old)
         self.readings[node_reading.node_id] = node_reading

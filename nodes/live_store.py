@@ -2,30 +2,36 @@
 
 Samples never reach the database. The agent consumer calls record() for each sample (no
 I/O); the publisher calls flush() every 50 ms, and its leader read_fold() once a second.
-record() also folds the sample into what the publisher's tick needs (nodes/live_fold.py):
-its NodeReading and this process's NodeMinute, in one pass over its GPUs.
+The process that folds a sample (nodes/live_fold.py) makes its NodeReading and adds it to
+its NodeMinute in one pass over its GPUs.
 
 An entry is kept encoded, as one JSON object: the sample's fields, its node's id, when it
 was received, each GPU's memory total (from the hello) and the connection's latest hygiene.
 Readers get it as a dict (decode_entry).
 
 - MemoryLiveStore (embedded mode): process memory; the one server process sees everything
-  and folds every reading.
-- RedisLiveStore (production): record() buffers the entry and its reading, encoded;
-  flush() writes the entries to one Redis hash per cluster, so that every server process
-  reads the whole fleet (pages, /metrics), and appends the readings to one Redis list, in
-  one pipeline. The leader's read_fold() takes the list's readings into its fold; its own
-  readings it folds as it records them (set_leading), without the round trip.
+  and folds every sample.
+- RedisLiveStore (production): record() buffers the entry, encoded; flush() writes the
+  entries to one Redis hash per cluster, so that every server process reads the whole fleet
+  (pages, /metrics), and appends the same entries to one Redis list, in one pipeline. The
+  publisher's leader alone folds samples: its own as it records them (set_leading), every
+  other process's from the list in read_fold(), and it writes the fleet's node minutes. A
+  process that does not lead spends nothing on the fold: an agent gateway that never leads
+  (CLUSTERUI_PUBLISHER_LEADS=false, beside `manage.py publisher`) only reads, checks and
+  stores its samples (bench/README.md, "The fold handed to the publisher").
 """
 
 import asyncio
+import logging
 
 import msgspec
 import orjson
 from django.conf import settings
 
-from .live_fold import LiveFold, NodeMinute, decode_reading, encode_reading
+from .live_fold import LiveFold, LiveSample, NodeMinute
 
+
+logger = logging.getLogger(__name__)
 
 LIVE_KEY = "clusterui:live:{cluster_id}"
 # Samples recorded by every server process since Redis started: one INCRBY per flush
@@ -33,12 +39,13 @@ LIVE_KEY = "clusterui:live:{cluster_id}"
 RECORDED_KEY = "clusterui:live:recorded"
 # A node that stopped reporting drops out of the store after this long.
 LIVE_TTL_S = 3600
-# Every process's readings since the leader's last read_fold(), a JSON list per flush. While
-# no process leads (a handover), the newest batches are kept: enough for a minute of 10
-# processes, each flushing 10 times a second.
-READINGS_KEY = "clusterui:live:readings"
-READINGS_KEPT = 6000
-READINGS_TTL_S = 60
+# The entries of every sample recorded by a process that does not lead, for the leader's
+# fold: one list item per flush and cluster (the cluster's id, then an entry a line). Held
+# only until the leader's next read_fold(), a second; while no process leads (a handover),
+# the newest items are kept: 20 s of one process's flushes, 2 s of ten processes'.
+SAMPLES_KEY = "clusterui:live:samples"
+SAMPLES_KEPT = 400
+SAMPLES_TTL_S = 60
 
 
 def stale_after_s():
@@ -76,9 +83,65 @@ def _decode_all(raw):
     return {int(node_id): decode_entry(value) for node_id, value in raw.items()}
 
 
-def _decode_readings(batches):
-    """[(cluster id, NodeReading)] of the readings' batches, oldest first."""
-    return [decode_reading(values) for batch in batches for values in orjson.loads(batch)]
+# What the fold reads of an entry (nodes/live_fold.py NodeMinute.add), as structs: a GPU's
+# and a node's readings are numbers and strings, which the collector need not track.
+_Reading = int | float | None
+
+
+class _FoldGpu(msgspec.Struct, gc=False):
+    uuid: str
+    util_pct: _Reading = None
+    sm_active_pct: _Reading = None
+    mem_used_bytes: _Reading = None
+    temp_c: _Reading = None
+    power_w: _Reading = None
+    sm_clock_mhz: _Reading = None
+    clock_event_reasons: int | None = None
+
+
+class _FoldNode(msgspec.Struct, gc=False):
+    cpu_pct: _Reading = None
+    net_rx_bps: _Reading = None
+    net_tx_bps: _Reading = None
+
+
+class _FoldEntry(msgspec.Struct):
+    node_id: int
+    received_at: float
+    seq: int
+    ts: int | float
+    gpus: list[_FoldGpu]
+    mem_totals: list[int | None]
+    node: _FoldNode
+
+
+_fold_entry_decoder = msgspec.json.Decoder(_FoldEntry)
+
+
+def _decode_samples(items):
+    """[(cluster id, LiveSample)] of the samples list's items, oldest first. An entry this
+    version cannot read (another version's, in a rolling upgrade) is left out, and logged."""
+    samples, unread = [], 0
+    for item in items:
+        cluster, *entries = item.split(b"\n")
+        cluster_id = int(cluster)
+        for raw in entries:
+            try:
+                e = _fold_entry_decoder.decode(raw)
+            except msgspec.MsgspecError:
+                unread += 1
+                continue
+            samples.append((cluster_id, LiveSample(e.node_id, e.received_at, e.seq, e.ts,
+                                                   e.gpus, e.mem_totals, e.node, None)))
+    if unread:
+        logger.warning("%d samples handed over through Redis could not be read: not folded",
+                       unread)
+    return samples
+
+
+# The leader folds the others' samples on its event loop, where its own are folded as they
+# arrive; this many at a time, so that its own frames and pages wait a few ms at most.
+FOLD_CHUNK = 500
 
 
 def _min_util_pct():
@@ -97,13 +160,13 @@ class MemoryLiveStore:
         self.fold.add(cluster_id, self.node_minute.add(sample, _min_util_pct()))
 
     def set_leading(self, leading):
-        """The one process folds every reading, leading or not."""
+        """The one process folds every sample, leading or not."""
 
     async def flush(self):
         return 0
 
     async def read_fold(self):
-        """The fold of every reading (the publisher's leader, once a second)."""
+        """The fold of every sample (the publisher's leader, once a second)."""
         return self.fold
 
     def read(self, cluster_id):
@@ -123,11 +186,11 @@ class RedisLiveStore:
     def __init__(self, url):
         self.url = url
         self.pending = {}  # cluster_id -> {node_id: the entry, encoded}
-        self.pending_readings = []  # this process's readings since the last flush, encoded
+        self.pending_samples = {}  # cluster_id -> [entries to fold], while not leading
         self.recorded = 0  # samples recorded since the last flush
-        self.fold = LiveFold()  # every process's readings; read_fold() fills it (the leader)
-        self.node_minute = NodeMinute()  # of this process's samples
-        self.leading = False  # the publisher's leader: its own readings go into its fold
+        self.fold = LiveFold()  # every process's samples, while this process leads
+        self.node_minute = NodeMinute()  # of the samples folded here
+        self.leading = False  # the publisher's leader: it folds every process's samples
         self._client = None
 
     @property
@@ -143,25 +206,27 @@ class RedisLiveStore:
         # collector never scans (held until the flush, thousands of a sample's objects a
         # second were promoted to the oldest generation, and each of its full collections
         # stopped the process for up to a quarter of a second).
-        self.pending.setdefault(cluster_id, {})[sample.node_id] = encode_entry(sample)
-        reading = self.node_minute.add(sample, _min_util_pct())
+        entry = encode_entry(sample)
+        self.pending.setdefault(cluster_id, {})[sample.node_id] = entry
         if self.leading:
-            self.fold.add(cluster_id, reading)
+            self._fold(cluster_id, sample)
         else:
-            self.pending_readings.append(orjson.dumps(encode_reading(cluster_id, reading)))
+            self.pending_samples.setdefault(cluster_id, []).append(entry)
         self.recorded += 1
 
+    def _fold(self, cluster_id, sample):
+        self.fold.add(cluster_id, self.node_minute.add(sample, _min_util_pct()))
+
     def set_leading(self, leading):
-        """Whether this process leads the publisher now (its lease, renewed every second).
-        A reading recorded while it leads goes straight into its fold; the others' come
-        through Redis. One that loses the lease sends its readings to the new leader again
-        once it knows (its next renewal, within a second): until then they stay in its own
-        fold, and the nodes reach the new leader's with their next samples."""
+        """Whether this process leads now (the publisher's lease, renewed every second). A
+        sample recorded while it leads is folded here at once; the others' come through
+        Redis. One that loses the lease sends its samples to the new leader once it knows
+        (its next renewal, within a second), and writes the minute it folded so far."""
         self.leading = leading
 
     async def flush(self):
         pending, self.pending = self.pending, {}
-        readings, self.pending_readings = self.pending_readings, []
+        to_fold, self.pending_samples = self.pending_samples, {}
         recorded, self.recorded = self.recorded, 0
         if not pending:
             return 0
@@ -171,22 +236,27 @@ class RedisLiveStore:
                 key = LIVE_KEY.format(cluster_id=cluster_id)
                 pipe.hset(key, mapping=entries)
                 pipe.expire(key, LIVE_TTL_S)
-            if readings:
-                pipe.rpush(READINGS_KEY, b"[" + b",".join(readings) + b"]")
-                pipe.ltrim(READINGS_KEY, -READINGS_KEPT, -1)
-                pipe.expire(READINGS_KEY, READINGS_TTL_S)
+            if to_fold:
+                pipe.rpush(SAMPLES_KEY, *(b"\n".join([b"%d" % cluster_id, *entries])
+                                          for cluster_id, entries in to_fold.items()))
+                pipe.ltrim(SAMPLES_KEY, -SAMPLES_KEPT, -1)
+                pipe.expire(SAMPLES_KEY, SAMPLES_TTL_S)
             await pipe.execute()
         return sum(len(entries) for entries in pending.values())
 
     async def read_fold(self):
-        """Every process's readings since the last call, taken into this process's fold."""
+        """Every other process's samples since the last call, folded here (the leader)."""
         async with self.client.pipeline(transaction=True) as pipe:
-            pipe.lrange(READINGS_KEY, 0, -1)
-            pipe.delete(READINGS_KEY)
-            batches, _ = await pipe.execute()
+            pipe.lrange(SAMPLES_KEY, 0, -1)
+            pipe.delete(SAMPLES_KEY)
+            items, _ = await pipe.execute()
         # Decoded in a worker thread: on the event loop it would hold up the ingest.
-        for cluster_id, reading in await asyncio.to_thread(_decode_readings, batches):
-            self.fold.add(cluster_id, reading)
+        samples = await asyncio.to_thread(_decode_samples, items)
+        for start in range(0, len(samples), FOLD_CHUNK):
+            if start:
+                await asyncio.sleep(0)
+            for cluster_id, sample in samples[start:start + FOLD_CHUNK]:
+                self._fold(cluster_id, sample)
         return self.fold
 
     def read(self, cluster_id):

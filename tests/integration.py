@@ -259,6 +259,15 @@ class Uvicorn(Daphne):
                      str(self.port), "--log-level", "warning", "clusterui.asgi:application"]
 
 
+class AgentGateway(Daphne):
+    """`manage.py agent_gateway` on 127.0.0.1:`port`: /ws/agent/ alone (gateway/server.py)."""
+
+    def __init__(self, name, *, env, log_path, port=None):
+        super().__init__(name, env=env, log_path=log_path, port=port)
+        self.argv = [sys.executable, "manage.py", "agent_gateway", "--bind", "127.0.0.1",
+                     "--port", str(self.port)]
+
+
 class Agent(Process):
     """The real agent (`python -m agent --simulate`), with its own state dir."""
 
@@ -322,6 +331,18 @@ class ProcessGroup:
         server.start()
         server.wait_listening()
         return server
+
+    def gateway(self, name="gateway", **env):
+        server = self._add(AgentGateway(name, env=self.env_with(**env),
+                                        log_path=self._log(name)))
+        server.start().wait_listening()
+        return server
+
+    def publisher(self, name="publisher", **env):
+        """`manage.py publisher`: the live publisher in a process of its own."""
+        argv = [sys.executable, "manage.py", "publisher"]
+        return self._add(Process(name, argv, env=self.env_with(**env),
+                                 log_path=self._log(name))).start()
 
     def agent(self, name, server, *, token, inject=None, state_dir=None, extra_args=()):
         """The agent of node `name`, connecting to `server` (anything with an http:// url)."""

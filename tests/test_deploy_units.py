@@ -36,7 +36,7 @@ def test_every_unit_and_instance_passes_systemd_analyze_verify(tmp_path):
     units = installed(tmp_path)
     names = sorted(path.name for path in units.iterdir())
     assert {"clusterui.target", "clusterui-migrate.service", "clusterui-beat.service",
-            *INSTANCES} <= set(names)
+            "clusterui-publisher.service", *INSTANCES} <= set(names)
     for template, instance in INSTANCES.items():
         (units / template.replace("@.", f"@{instance}.")).symlink_to(units / template)
     paths = [str(path) for path in sorted(units.iterdir()) if "@." not in path.name]

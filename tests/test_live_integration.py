@@ -513,3 +513,44 @@ def test_a_killed_publisher_is_replaced_once_its_lease_expires_and_its_nodes_sta
     assert time.time() - silent_from < settings.CLUSTERUI_HEARTBEAT_GRACE_S
     # gpu-gone's server died with it: it is reconnecting, and has its grace.
     assert not HealthEvent.objects.filter(node__name="gpu-gone").exists()
+
+
+def test_agent_gateways_that_never_lead_hand_their_samples_to_the_publisher_process(stack):
+    """Production for large fleets (README.md): an agent gateway with
+    CLUSTERUI_PUBLISHER_LEADS=false never takes the publisher's lease and folds nothing; the
+    publisher process (`manage.py publisher`) leads, folds the samples the gateway hands it
+    through Redis and writes the node's last_seen; stopped, it gives the lease up at once."""
+    import redis
+
+    cluster = ClusterFactory(name="int-publisher", slug="int-publisher")
+    _, join_token = do_issue_join_token(cluster)
+    gateway = stack.gateway("gateway", CLUSTERUI_PUBLISHER_LEADS="false")
+    agent = stack.agent("gpu-p", gateway, token=join_token)
+    node = joined_node(cluster, "gpu-p", agent=agent)
+
+    def holder():
+        with redis.Redis.from_url(stack.redis_url) as r:
+            value = r.get(LEASE_KEY)
+        return value.decode() if value else None
+
+    wait_until(lambda: read_live_entries(stack.redis_url, cluster.pk), timeout=20,
+               what="gpu-p's samples reach the live store")
+    said_hello = fresh(node).last_seen
+    time.sleep(2 * PUBLISH_EVERY_S)  # the gateway's lease renewals, which must not take it
+    assert holder() is None
+    assert not PublisherStatus.objects.exists()  # nobody ticks, nor folds, nobody leads
+    assert fresh(node).last_seen == said_hello
+
+    publisher = stack.publisher()
+    wait_until(lambda: (holder() or "").startswith(f"{publisher.pid}-"), timeout=20,
+               what="the publisher process leads")
+    wait_until(lambda: fresh(node).last_seen > said_hello, timeout=10,
+               what="the publisher folds gpu-p's samples, handed over by the gateway")
+
+    stopping = time.monotonic()
+    publisher.stop()
+    assert holder() is None
+    # Renewed at most a second before the stop, the lease would still have held for 2 s
+    # more: gone within them, it was given up, not let expire.
+    assert time.monotonic() - stopping < LEASE_MS / 1000 - PUBLISH_EVERY_S
+    assert "Traceback" not in publisher.log_text(), publisher.log_tail()

@@ -281,6 +281,47 @@ async def test_in_production_the_leader_folds_the_readings_of_every_process(redi
 
 
 @pytest.mark.asyncio
+async def test_in_production_the_leader_writes_the_fleets_minute_and_the_others_fold_nothing(
+        redis_live_store):
+    """Three processes record a minute of 30 nodes' samples, some of them faster than one a
+    second, one of them the leader: the leader's minute is the minute one process folding
+    every sample has, and the two others keep no minute and no fold of their own."""
+    rng = random.Random(7)
+    first, second, leader = redis_live_store(), redis_live_store(), redis_live_store()
+    leader.set_leading(True)
+    one_process = MemoryLiveStore()
+    minute = datetime(2026, 12, 5, 3, 0, tzinfo=dt_timezone.utc)
+    try:
+        for second_of_minute in range(60):
+            for node_id in range(1, 31):
+                for twice in range(1 + (node_id % 3 == 0)):
+                    entry = sample(node_id, minute.timestamp() + second_of_minute + twice / 2,
+                                   rng)
+                    (first, second, leader)[(node_id + second_of_minute) % 3].record(2, entry)
+                    one_process.record(2, entry)
+            for store in (first, second, leader):
+                await store.flush()
+            if second_of_minute % 7 == 0:
+                await leader.read_fold()
+        await leader.read_fold()
+        for store in (first, second):
+            assert store.node_minute.gpus == {} and store.fold.clusters == {}
+        ended = minute + timedelta(minutes=1)
+        _, gpus, nodes = leader.node_minute.finish_if_new_minute(ended)
+        _, expected_gpus, expected_nodes = one_process.node_minute.finish_if_new_minute(ended)
+        assert set(gpus) == set(expected_gpus) == set(range(1, 31))
+        for node_id, node_gpus in expected_gpus.items():
+            assert nodes[node_id] == pytest.approx(expected_nodes[node_id])
+            assert gpus[node_id].keys() == node_gpus.keys()
+            for uuid, stats in node_gpus.items():
+                assert gpus[node_id][uuid] == pytest.approx(stats)
+        assert_same_usage(leader.fold.cluster(2).usage(), one_process.fold.cluster(2).usage())
+    finally:
+        for store in (first, second, leader):
+            await store.close()
+
+
+@pytest.mark.asyncio
 async def test_the_leader_folds_its_own_readings_as_it_records_them(redis_live_store):
     """The leader's own samples skip the round trip through Redis; another process's reach
     it through Redis; and one that stops leading sends its readings to the new leader."""
@@ -328,3 +369,27 @@ def test_an_older_reading_come_late_does_not_replace_a_newer_one():
     assert fold.readings[1] == node_reading(newer, 90.0)
     assert fold.take_heard() == {1: 1001.0}
     assert_same_usage(fold.usage(), usage_by_adding_up({1: newer}, 1001.0))
+
+
+@pytest.mark.asyncio
+async def test_an_entry_the_leader_cannot_read_is_left_out_and_the_rest_folded(redis_live_store,
+                                                                             caplog):
+    """Another version's entry (a rolling upgrade) costs the leader that entry, not the
+    second's fold."""
+    from nodes.live_store import SAMPLES_KEY
+
+    rng = random.Random(8)
+    other, leader = redis_live_store(), redis_live_store()
+    leader.set_leading(True)
+    entry = sample(4, 1000.0, rng)
+    try:
+        await other.client.rpush(SAMPLES_KEY, b'3\n{"node_id": 9, "gpus": "none"}\n[]')
+        other.record(3, entry)
+        await other.flush()
+        fold = await leader.read_fold()
+        assert set(fold.cluster(3).readings) == {4}
+        assert fold.cluster(3).readings[4][:8] == node_reading(entry, 90.0)[:8]
+        assert "2 samples handed over through Redis could not be read" in caplog.text
+    finally:
+        for store in (other, leader):
+            await store.close()
