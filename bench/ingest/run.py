@@ -13,6 +13,8 @@ connections, and step the offered rate up. At each step, after a warm-up, it mea
              new `ts` (so it includes the store's flush, every 50 ms; resolution POLL_S)
   CPU        the server processes' user+system CPU time over the window (psutil), per
              delivered sample, and as a percent of one core; the load generator's too
+Server `gateway-publisher` is the agent gateway with CLUSTERUI_PUBLISHER_LEADS=false beside
+`manage.py publisher` (on core 1, its CPU reported apart), which folds the gateway's samples.
 "Sustained" is the highest offered rate with >= 97 % delivered and p99 under 200 ms
 (shared/notes/ingest-performance.md). After a failing step it pauses until the server's
 backlog drained; after --stop-after failing steps it stops.
@@ -50,8 +52,8 @@ TS_IN_ENTRY = re.compile(rb'"ts": ?([-0-9.eE+]+)')
 DELIVERED_MIN = 0.97
 P99_MAX_S = 0.200
 
-SERVERS = ("daphne", "gateway", "uvicorn", "uvicorn-uvloop", "bare", "bare-orjson",
-           "bare-orjson-uvloop")
+SERVERS = ("daphne", "gateway", "gateway-publisher", "uvicorn", "uvicorn-uvloop", "bare",
+           "bare-orjson", "bare-orjson-uvloop")
 
 
 def log(message):
@@ -89,7 +91,7 @@ def server_argv(kind, port, args):
     if kind == "daphne":  # as README.md runs it in production
         return [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                 "clusterui.asgi:application"]
-    if kind == "gateway":  # the agent gateway process (gateway/server.py)
+    if kind in ("gateway", "gateway-publisher"):  # the agent gateway (gateway/server.py)
         return [PY, "manage.py", "agent_gateway", "--bind", "127.0.0.1", "--port", str(port)]
     if kind.startswith("uvicorn"):
         loop = "uvloop" if kind == "uvicorn-uvloop" else "asyncio"
@@ -157,9 +159,21 @@ def histogram_percentile(histogram, pct):
 
 
 class Servers:
+    """The server processes measured. gateway-publisher: agent gateways that never lead the
+    publisher, and `manage.py publisher` beside them on the load generator's core, which
+    folds their samples; its CPU is reported apart (publisher_cpu_s)."""
+
     def __init__(self, kind, processes, args, workdir):
         self.kind, self.procs, self.ports = kind, [], []
         env = {**os.environ, "LOG_LEVEL": "WARNING"}
+        self.publisher = None
+        if kind == "gateway-publisher":
+            env["CLUSTERUI_PUBLISHER_LEADS"] = "false"
+            self.publisher = subprocess.Popen(
+                pinned(1, [PY, "manage.py", "publisher"]), cwd=REPO,
+                env={**os.environ, "LOG_LEVEL": "WARNING"},
+                stdout=open(workdir / "publisher.log", "w"), stderr=subprocess.STDOUT)
+            self.publisher_ps = psutil.Process(self.publisher.pid)
         for i in range(processes):
             port = free_port()
             logfile = open(workdir / f"{kind}-{i}.log", "w")
@@ -181,17 +195,23 @@ class Servers:
             total += t.user + t.system
         return total
 
+    def publisher_cpu_s(self):
+        if self.publisher is None:
+            return 0.0
+        t = self.publisher_ps.cpu_times()
+        return t.user + t.system
+
     def rss_mb(self):
         return sum(p.memory_info().rss for p in self.ps) / 2**20
 
     def alive(self):
-        return all(p.poll() is None for p in self.procs)
+        return all(p.poll() is None for p in self.procs + [self.publisher] if p is not None)
 
     def stop(self):
-        for p in self.procs:
+        for p in self.procs + ([self.publisher] if self.publisher is not None else []):
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        for p in self.procs:
+        for p in self.procs + ([self.publisher] if self.publisher is not None else []):
             try:
                 p.wait(10)
             except subprocess.TimeoutExpired:
@@ -308,10 +328,12 @@ def measure_config(kind, processes, args, fleet, fleet_path, client, workdir):
             time.sleep(args.warmup_s)
             spy = start_profile(servers, kind, rate, workdir) if args.profile else None
             a_lg, a_cpu, a_rec = loadgen.ask("stats"), servers.cpu_s(), counter(client, recorded_key)
+            a_pub = servers.publisher_cpu_s()
             a_core0 = core0_busy_s() - servers.cpu_s(first_only=True)
             a_hist = bare_histogram(client) if bare else None
             time.sleep(args.step_s)
             b_lg, b_cpu, b_rec = loadgen.ask("stats"), servers.cpu_s(), counter(client, recorded_key)
+            b_pub = servers.publisher_cpu_s()
             b_core0 = core0_busy_s() - servers.cpu_s(first_only=True)
             b_hist = bare_histogram(client) if bare else None
             window = b_lg["at"] - a_lg["at"]
@@ -339,6 +361,7 @@ def measure_config(kind, processes, args, fleet, fleet_path, client, workdir):
                 "cpu_us_per_report": 1e6 * (b_cpu - a_cpu) / delivered if delivered else None,
                 "server_cpu_pct": 100 * (b_cpu - a_cpu) / window,
                 "loadgen_cpu_pct": 100 * (b_lg["cpu_s"] - a_lg["cpu_s"]) / window,
+                "publisher_cpu_pct": 100 * (b_pub - a_pub) / window,
                 "open": b_lg["open"], "errors": b_lg["errors"], "rss_mb": servers.rss_mb(),
                 # Other engineers' processes the scheduler put on the server's core: a step
                 # where they took much of it measured the machine, not the server.
@@ -447,16 +470,18 @@ def row(s):
             f"{s['delivered_per_s']:>7.0f}/s ({s['delivered_pct']:5.1f} %) "
             f"p50 {ms(s['p50_ms']):>5} p99 {ms(s['p99_ms']):>5} max {ms(s['max_ms']):>5} ms  "
             f"cpu {cpu:>4} us/report  server {s['server_cpu_pct']:3.0f} %  "
-            f"loadgen {s['loadgen_cpu_pct']:3.0f} %  rss {s['rss_mb']:.0f} MB  "
+            f"loadgen {s['loadgen_cpu_pct']:3.0f} %  publisher {s['publisher_cpu_pct']:3.0f} %  "
+            f"rss {s['rss_mb']:.0f} MB  "
             f"core 0 others {s['core0_others_pct']:3.0f} %  load {s['loadavg_1m']:.2f}  "
             f"{'ok' if s['ok'] else 'FAIL'}")
 
 
 def table(results):
     lines = ["| server | procs | offered/s | delivered/s | delivered | p50 ms | p99 ms | max ms "
-             "| CPU us/report | server CPU | loadgen CPU | RSS MB | core 0 others | load 1m | |",
+             "| CPU us/report | server CPU | loadgen CPU | publisher CPU | RSS MB | core 0 others "
+             "| load 1m | |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-             "| --- |"]
+             "| --- | --- |"]
     for config in results:
         for s in config["steps"]:
             lines.append(
@@ -464,7 +489,8 @@ def table(results):
                 f" | {s['delivered_pct']:.1f} % | {fmt(s['p50_ms'])} | {fmt(s['p99_ms'])}"
                 f" | {fmt(s['max_ms'])}"
                 f" | {fmt(s['cpu_us_per_report'])} | {s['server_cpu_pct']:.0f} %"
-                f" | {s['loadgen_cpu_pct']:.0f} % | {s['rss_mb']:.0f}"
+                f" | {s['loadgen_cpu_pct']:.0f} % | {s['publisher_cpu_pct']:.0f} %"
+                f" | {s['rss_mb']:.0f}"
                 f" | {s['core0_others_pct']:.0f} % | {s['loadavg_1m']:.2f}"
                 f" | {'ok' if s['ok'] else 'fail'} |")
     lines += ["", "| server | procs | sustained reports/s | peak delivered/s "

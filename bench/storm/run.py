@@ -67,7 +67,7 @@ percentile = ingest.percentile
 SLUG = "bench"  # bench/ingest/fleet.py's cluster
 SIGNATURES = ("thermal_throttle", "hw_slowdown", "power_brake")
 QUEUES = ("celery", "sweeps", "recommend", "provider", "notify")
-WORKERS = ("server", "worker", "sweeps", "recommend")
+WORKERS = ("server", "publisher", "worker", "sweeps", "recommend")
 PACE_EVERY_S = 0.005
 CONNECT_TIMEOUT_S = 10.0  # websockets' default open timeout, as the agent connects
 ACK_GRACE_S = 3.0  # after a step: acks still in flight count for it
@@ -260,7 +260,8 @@ class Pacer:
 
 
 class Processes:
-    """The server (daphne, or uvicorn with uvloop) on core 0; the workers, the beat and this
+    """The server (daphne, the agent gateway, or uvicorn with uvloop) on core 0; the workers,
+    the beat, the publisher process (gateway-publisher: the gateway never leads) and this
     driver on core 1."""
 
     def __init__(self, workdir, server="daphne"):
@@ -287,18 +288,27 @@ class Processes:
         # at the same moment can crash one of them (UNIQUE constraint failed: kombu_queue.name).
         subprocess.run([PY, "manage.py", "declare_task_queues"], cwd=REPO, env=env, check=True,
                        stdout=subprocess.DEVNULL)
+        envs = {name: env for name in specs}
+        if server == "gateway-publisher":  # README.md's production for large fleets
+            envs["server"] = {**env, "CLUSTERUI_PUBLISHER_LEADS": "false"}
+            specs["publisher"] = (1, [PY, "manage.py", "publisher"])
+            envs["publisher"] = env
         self.procs = {}
         for name, (core, argv) in specs.items():
             logfile = open(workdir / f"{name}.log", "w")
-            self.procs[name] = subprocess.Popen(ingest.pinned(core, argv), cwd=REPO, env=env,
-                                                stdout=logfile, stderr=subprocess.STDOUT)
+            self.procs[name] = subprocess.Popen(ingest.pinned(core, argv), cwd=REPO,
+                                                env=envs[name], stdout=logfile,
+                                                stderr=subprocess.STDOUT)
         ingest.wait_for_port(self.port, self.procs["server"])
         self.ps = {name: psutil.Process(proc.pid) for name, proc in self.procs.items()}
 
     def cpu_s(self, name):
-        """The process's CPU seconds, its children's (the worker's pool) included."""
+        """The process's CPU seconds, its children's (the worker's pool) included; 0 for a
+        process this run has not (the publisher, but with gateway-publisher)."""
         total = 0.0
-        root = self.ps[name]
+        root = self.ps.get(name)
+        if root is None:
+            return total
         for proc in [root, *root.children(recursive=True)]:
             try:
                 times = proc.cpu_times()
@@ -328,7 +338,7 @@ ACTIVITY = """SELECT pid, state, wait_event_type, wait_event,
     AND pid <> pg_backend_pid() ORDER BY xact_start"""
 
 
-SERVERS = ("daphne", "gateway", "uvicorn")
+SERVERS = ("daphne", "gateway", "gateway-publisher", "uvicorn")
 
 
 def server_argv(kind, port):
@@ -458,6 +468,7 @@ async def measure_rate(rate, args, pacer, processes, queue_depth):
         "worker_cpu_pct": round(100 * (cpu1["worker"] - cpu0["worker"]) / (t1 - t0)),
         "sweeps_cpu_pct": round(100 * (cpu1["sweeps"] - cpu0["sweeps"]) / (t1 - t0)),
         "recommend_cpu_pct": round(100 * (cpu1["recommend"] - cpu0["recommend"]) / (t1 - t0)),
+        "publisher_cpu_pct": round(100 * (cpu1["publisher"] - cpu0["publisher"]) / (t1 - t0)),
         "load": round(os.getloadavg()[0], 2),
     }
 
@@ -639,14 +650,15 @@ def step_line(s):
             f"as the server timed them {json.dumps(s['server_ack'])}, "
             f"deepest queue {s['deepest_queue']}, errors {s['errors']}, "
             f"server {s['server_cpu_pct']} % worker {s['worker_cpu_pct']} % sweeps "
-            f"{s['sweeps_cpu_pct']} % recommender {s['recommend_cpu_pct']} %, load {s['load']}")
+            f"{s['sweeps_cpu_pct']} % recommender {s['recommend_cpu_pct']} % publisher "
+            f"{s['publisher_cpu_pct']} %, load {s['load']}")
 
 
 def table(steps):
     lines = ["| events/s | acked/offered | ack p50 | ack p99 | the server's own p50 / p99 "
              "(within 1 s) | deepest queue | server CPU | worker CPU | sweeps CPU | "
-             "recommender CPU |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "recommender CPU | publisher CPU |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in steps:
         deepest = max(s["deepest_queue"].values(), default=0)
         server = s["server_ack"]
@@ -655,7 +667,8 @@ def table(steps):
         lines.append(f"| {s['rate']} | {s['acked']}/{s['offered']} ({s['acked_pct']} %) | "
                      f"{s['ack_p50_ms']} ms | {s['ack_p99_ms']} ms | {own} | {deepest} | "
                      f"{s['server_cpu_pct']} % | {s['worker_cpu_pct']} % | "
-                     f"{s['sweeps_cpu_pct']} % | {s['recommend_cpu_pct']} % |")
+                     f"{s['sweeps_cpu_pct']} % | {s['recommend_cpu_pct']} % | "
+                     f"{s['publisher_cpu_pct']} % |")
     return "\n".join(lines)
 
 
