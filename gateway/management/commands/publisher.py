@@ -15,5 +15,8 @@ class Command(BaseCommand):
         if not settings.REDIS_URL:
             raise CommandError("the publisher process is for production: set REDIS_URL (in "
                                "embedded mode the one server process publishes)")
+        if not settings.CLUSTERUI_PUBLISHER_LEADS:
+            raise CommandError("CLUSTERUI_PUBLISHER_LEADS is false here: the publisher process "
+                               "would never lead (set it false on the agent gateways only)")
         gc_tuning.apply()
         uvloop.run(run_publisher_process())
