@@ -555,9 +555,10 @@ CLUSTERUI_SECRETS_KEY_FILE = (DATA_DIR / "secrets.key"
 CLUSTERUI_GRAFANA_NODE_URL = envstr("CLUSTERUI_GRAFANA_NODE_URL", "")
 # Whether server processes start the live publisher (tests of consumers turn it off).
 CLUSTERUI_PUBLISHER = envbool("CLUSTERUI_PUBLISHER", True)
-# Whether this process may lead the publisher (production: whoever holds a Redis lease). The
-# leader folds every process's samples (nodes/live_store.py). false for agent gateways run
-# beside `manage.py publisher`: they then spend nothing on the fold (README.md, Production).
+# Whether this server process may lead the live publisher (production: whoever holds a Redis
+# lease; embedded mode's one process always does). The leader folds every process's samples
+# (nodes/live_store.py). false beside `manage.py publisher`, which always may: daphne and
+# the agent gateways then spend nothing on the fold (README.md, Production).
 CLUSTERUI_PUBLISHER_LEADS = envbool("CLUSTERUI_PUBLISHER_LEADS", True)
 # Server processes freeze their start-up heap and collect young objects less often
 # (common/gc_tuning.py): full garbage collections were the ingest's p99. false: Python's.

@@ -1,8 +1,9 @@
 """The live publisher: the only thing that pushes to browsers and offers work to agents.
 
 One asyncio task per server process flushes that process's live-store buffer every 50 ms.
-One of them leads (in production, the holder of a Redis lease, which a process with
-CLUSTERUI_PUBLISHER_LEADS=false never takes; in embedded mode, the only one), and
+One of them leads (in production, the holder of a Redis lease, which a server process with
+CLUSTERUI_PUBLISHER_LEADS=false never takes, and `manage.py publisher` always may; in
+embedded mode, the only one), and
 - once a second and for each cluster: reads the fold of the live samples
   (nodes/live_fold.py: sums kept as samples arrive, not every node's sample read again;
   in production the leader folds every process's samples, nodes/live_store.py),
@@ -181,8 +182,10 @@ def build_summary(slug, facts, usage, now_ts):
 
 
 class Publisher:
-    def __init__(self, store=None, channel_layer=None):
+    def __init__(self, store=None, channel_layer=None, may_lead=None):
         self.store = store or get_live_store()
+        # `manage.py publisher` always may; a server process as CLUSTERUI_PUBLISHER_LEADS says.
+        self.may_lead = settings.CLUSTERUI_PUBLISHER_LEADS if may_lead is None else may_lead
         self.channel_layer = channel_layer or get_channel_layer()
         self.cluster_minute = ClusterMinute()
         self.slow_gpus = SlowGpuWatch(slow_gpu_limits())
@@ -194,31 +197,38 @@ class Publisher:
     async def run(self):
         """Flush every 50 ms; once a second, a tick in a task of its own (the leader's, or
         this process's minute), so that its database work never holds up the flushes
-        (ingest latency)."""
+        (ingest latency). Cancelled (a stopping process), it cancels the tick and the feed
+        it started: none of them reads the samples or pushes once the lease is given up."""
         next_publish = next_feed = time.monotonic()
         tick = feed = None
-        while True:
-            try:
-                await self.store.flush()
-            except Exception:
-                logger.exception("live store flush failed; retrying")
-            now = time.monotonic()
-            if now >= next_publish:
-                next_publish = max(next_publish + PUBLISH_EVERY_S, now)
-                # The lease is renewed every second, also while a long tick (the minute's
-                # rollups) still runs: leadership never lapses for being busy.
-                if await self.renew_lease():
-                    self.start_pending = True  # the next tick marks the (re)start
-                if tick is None or tick.done():
-                    if self.leading:
-                        tick = asyncio.create_task(self.tick(self.start_pending))
-                        self.start_pending = False
-                    else:
-                        tick = asyncio.create_task(self.write_node_minute())
-            if self.leading and now >= next_feed and (feed is None or feed.done()):
-                next_feed = now + FEED_EVERY_S
-                feed = asyncio.create_task(self.push_changes())
-            await asyncio.sleep(FLUSH_EVERY_S)
+        try:
+            while True:
+                try:
+                    await self.store.flush()
+                except Exception:
+                    logger.exception("live store flush failed; retrying")
+                now = time.monotonic()
+                if now >= next_publish:
+                    next_publish = max(next_publish + PUBLISH_EVERY_S, now)
+                    # The lease is renewed every second, also while a long tick (the
+                    # minute's rollups) still runs: leadership never lapses for being busy.
+                    if await self.renew_lease():
+                        self.start_pending = True  # the next tick marks the (re)start
+                    if tick is None or tick.done():
+                        if self.leading:
+                            tick = asyncio.create_task(self.tick(self.start_pending))
+                            self.start_pending = False
+                        else:
+                            tick = asyncio.create_task(self.write_node_minute())
+                if self.leading and now >= next_feed and (feed is None or feed.done()):
+                    next_feed = now + FEED_EVERY_S
+                    feed = asyncio.create_task(self.push_changes())
+                await asyncio.sleep(FLUSH_EVERY_S)
+        finally:
+            started = [task for task in (tick, feed) if task is not None]
+            for task in started:
+                task.cancel()
+            await asyncio.gather(*started, return_exceptions=True)
 
     async def renew_lease(self):
         """Whether this process leads now; True when it has just become the leader."""
@@ -250,17 +260,18 @@ class Publisher:
         """Production: one publisher in the whole deployment, by a Redis lease it renews."""
         if not settings.REDIS_URL:
             return True
-        if not settings.CLUSTERUI_PUBLISHER_LEADS:
+        if not self.may_lead:
             return False
         held = await self.store.client.eval(TAKE_OR_RENEW, 1, LEASE_KEY, self.identity, LEASE_MS)
         return bool(held)
 
     async def release_lease(self):
-        """Give the lease up at once, if held (a stopping process): another process takes it
-        within a second, not when it expires."""
-        if settings.REDIS_URL and self.leading:
+        """Give the lease up at once if this process holds it (a stopping process; also when
+        its last renewal was cut short): another takes it within a second, not when it
+        expires."""
+        if settings.REDIS_URL:
             await self.store.client.eval(RELEASE, 1, LEASE_KEY, self.identity)
-            self.leading = False
+        self.leading = False
 
     async def write_node_minute(self, now=None):
         """Write the minute of the samples folded here, once it has ended (a process that
@@ -328,7 +339,7 @@ async def run_publisher_process(stop=None):
     SIGINT (or `stop`, an asyncio.Event, in tests). Production only: it leads through the
     Redis lease, and folds the samples the agent-serving processes send through Redis."""
     stop = stop_on_signals(stop)
-    publisher = Publisher()
+    publisher = Publisher(may_lead=True)
     task = asyncio.create_task(publisher.run(), name="clusterui-live-publisher")
     await stop.wait()
     task.cancel()

@@ -12,10 +12,11 @@ Readers get it as a dict (decode_entry).
 - MemoryLiveStore (embedded mode): process memory; the one server process sees everything
   and folds every sample.
 - RedisLiveStore (production): record() buffers the entry, encoded; flush() writes the
-  entries to one Redis hash per cluster, so that every server process reads the whole fleet
-  (pages, /metrics), and appends the same entries to one Redis list, in one pipeline. The
-  publisher's leader alone folds samples: its own as it records them (set_leading), every
-  other process's from the list in read_fold(), and it writes the fleet's node minutes. A
+  newest entry of each node to one Redis hash per cluster, so that every server process
+  reads the whole fleet (pages, /metrics), and, in a process that does not lead, every
+  sample's entry to one Redis list, in one pipeline. The publisher's leader alone folds
+  samples: its own as it records them (set_leading), every other process's from the list
+  in read_fold(), and it writes the fleet's node minutes. A
   process that does not lead spends nothing on the fold: an agent gateway that never leads
   (CLUSTERUI_PUBLISHER_LEADS=false, beside `manage.py publisher`) only reads, checks and
   stores its samples (bench/README.md, "The fold handed to the publisher").
@@ -40,11 +41,12 @@ RECORDED_KEY = "clusterui:live:recorded"
 # A node that stopped reporting drops out of the store after this long.
 LIVE_TTL_S = 3600
 # The entries of every sample recorded by a process that does not lead, for the leader's
-# fold: one list item per flush and cluster (the cluster's id, then an entry a line). Held
-# only until the leader's next read_fold(), a second; while no process leads (a handover),
-# the newest items are kept: 20 s of one process's flushes, 2 s of ten processes'.
+# fold: one list item per flush, its lines a cluster's id and then that cluster's entries
+# (an entry is one line of JSON: msgspec writes it compact, control characters escaped).
+# The leader takes them all once a second; while it is late (a long tick, a handover), the
+# newest items are kept: a minute of one process's flushes, 12 s of ten processes'.
 SAMPLES_KEY = "clusterui:live:samples"
-SAMPLES_KEPT = 400
+SAMPLES_KEPT = 1200
 SAMPLES_TTL_S = 60
 
 
@@ -119,23 +121,32 @@ _fold_entry_decoder = msgspec.json.Decoder(_FoldEntry)
 
 
 def _decode_samples(items):
-    """[(cluster id, LiveSample)] of the samples list's items, oldest first. An entry this
-    version cannot read (another version's, in a rolling upgrade) is left out, and logged."""
+    """[(cluster id, LiveSample)] of the samples list's items, oldest first. What this
+    version cannot read (another version's entry, in a rolling upgrade) is left out, and
+    logged."""
     samples, unread = [], 0
     for item in items:
-        cluster, *entries = item.split(b"\n")
-        cluster_id = int(cluster)
-        for raw in entries:
+        cluster_id = None
+        for line in item.split(b"\n"):
+            if not line.startswith(b"{"):
+                try:
+                    cluster_id = int(line)
+                except ValueError:
+                    cluster_id = None
+                    unread += 1
+                continue
             try:
-                e = _fold_entry_decoder.decode(raw)
+                e = _fold_entry_decoder.decode(line)
             except msgspec.MsgspecError:
+                e = None
+            if e is None or cluster_id is None:
                 unread += 1
                 continue
             samples.append((cluster_id, LiveSample(e.node_id, e.received_at, e.seq, e.ts,
                                                    e.gpus, e.mem_totals, e.node, None)))
     if unread:
-        logger.warning("%d samples handed over through Redis could not be read: not folded",
-                       unread)
+        logger.warning("%d lines of the samples handed over through Redis could not be "
+                       "read: not folded", unread)
     return samples
 
 
@@ -221,7 +232,10 @@ class RedisLiveStore:
         """Whether this process leads now (the publisher's lease, renewed every second). A
         sample recorded while it leads is folded here at once; the others' come through
         Redis. One that loses the lease sends its samples to the new leader once it knows
-        (its next renewal, within a second), and writes the minute it folded so far."""
+        (its next renewal, within a second), and lets go of its fold and its unfinished
+        minute: the minute of a handover is the new leader's part of it, written once."""
+        if self.leading and not leading:
+            self.fold, self.node_minute = LiveFold(), NodeMinute()
         self.leading = leading
 
     async def flush(self):
@@ -237,8 +251,9 @@ class RedisLiveStore:
                 pipe.hset(key, mapping=entries)
                 pipe.expire(key, LIVE_TTL_S)
             if to_fold:
-                pipe.rpush(SAMPLES_KEY, *(b"\n".join([b"%d" % cluster_id, *entries])
-                                          for cluster_id, entries in to_fold.items()))
+                pipe.rpush(SAMPLES_KEY, b"\n".join(
+                    line for cluster_id, entries in to_fold.items()
+                    for line in (b"%d" % cluster_id, *entries)))
                 pipe.ltrim(SAMPLES_KEY, -SAMPLES_KEPT, -1)
                 pipe.expire(SAMPLES_KEY, SAMPLES_TTL_S)
             await pipe.execute()

@@ -49,9 +49,9 @@ def test_the_processes_are_the_readmes():
     assert "clusterui.asgi:application" in commands["clusterui-web"]
     assert commands["clusterui-gateway"][:3] == ["python", "manage.py", "agent_gateway"]
     assert commands["clusterui-publisher"] == ["python", "manage.py", "publisher"]
-    # The gateways never lead the publisher: the publisher's pods fold their samples.
-    (gateway,) = [c for d, c in containers() if d["metadata"]["name"] == "clusterui-gateway"]
-    assert {"name": "CLUSTERUI_PUBLISHER_LEADS", "value": "false"} in gateway["env"]
+    # Only the publisher's pods lead the publisher (it always may): they fold the samples.
+    (config,) = [d for d in documents() if d["kind"] == "ConfigMap"]
+    assert config["data"]["CLUSTERUI_PUBLISHER_LEADS"] == "false"
     assert commands["clusterui-beat"][4:6] == ["clusterui", "beat"]
     assert commands["clusterui-migrate-1-0-0"] == ["python", "manage.py", "migrate", "--noinput"]
 

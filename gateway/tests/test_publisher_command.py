@@ -10,9 +10,3 @@ def test_the_publisher_process_refuses_to_start_without_redis(settings):
     with pytest.raises(CommandError, match="set REDIS_URL"):
         call_command("publisher")
 
-
-def test_the_publisher_process_refuses_to_start_where_it_may_not_lead(settings):
-    settings.REDIS_URL = "redis://127.0.0.1:1/0"
-    settings.CLUSTERUI_PUBLISHER_LEADS = False
-    with pytest.raises(CommandError, match="would never lead"):
-        call_command("publisher")

@@ -340,6 +340,8 @@ async def test_the_leader_folds_its_own_readings_as_it_records_them(redis_live_s
         assert fold.cluster(1).take_heard() == {1: 1000.0, 2: 1000.0}  # each heard once
 
         leader.set_leading(False)
+        # It lets go of its fold and its unfinished minute: the new leader writes the minute.
+        assert leader.fold.clusters == {} and leader.node_minute.gpus == {}
         other.set_leading(True)
         leader.record(1, sample(1, 1001.0, rng))
         await leader.flush()
@@ -389,7 +391,8 @@ async def test_an_entry_the_leader_cannot_read_is_left_out_and_the_rest_folded(r
         fold = await leader.read_fold()
         assert set(fold.cluster(3).readings) == {4}
         assert fold.cluster(3).readings[4][:8] == node_reading(entry, 90.0)[:8]
-        assert "2 samples handed over through Redis could not be read" in caplog.text
+        assert ("2 lines of the samples handed over through Redis could not be read"
+                in caplog.text)
     finally:
         for store in (other, leader):
             await store.close()
