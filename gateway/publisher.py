@@ -195,9 +195,8 @@ class Publisher:
         self.identity = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
     async def run(self):
-        """Flush every 50 ms; once a second, a tick in a task of its own (the leader's, or
-        this process's minute), so that its database work never holds up the flushes
-        (ingest latency). Cancelled (a stopping process), it cancels the tick and the feed
+        """Flush every 50 ms; once a second, the leader's tick in a task of its own, so that
+        its database work never holds up the flushes (ingest latency). Cancelled (a stopping process), it cancels the tick and the feed
         it started: none of them reads the samples or pushes once the lease is given up."""
         next_publish = next_feed = time.monotonic()
         tick = feed = None
@@ -214,12 +213,9 @@ class Publisher:
                     # minute's rollups) still runs: leadership never lapses for being busy.
                     if await self.renew_lease():
                         self.start_pending = True  # the next tick marks the (re)start
-                    if tick is None or tick.done():
-                        if self.leading:
-                            tick = asyncio.create_task(self.tick(self.start_pending))
-                            self.start_pending = False
-                        else:
-                            tick = asyncio.create_task(self.write_node_minute())
+                    if self.leading and (tick is None or tick.done()):
+                        tick = asyncio.create_task(self.tick(self.start_pending))
+                        self.start_pending = False
                 if self.leading and now >= next_feed and (feed is None or feed.done()):
                     next_feed = now + FEED_EVERY_S
                     feed = asyncio.create_task(self.push_changes())
@@ -274,8 +270,7 @@ class Publisher:
         self.leading = False
 
     async def write_node_minute(self, now=None):
-        """Write the minute of the samples folded here, once it has ended (a process that
-        stopped leading writes what it folded while it led)."""
+        """Write the minute of the samples folded here (the leader's), once it has ended."""
         try:
             finished = self.store.node_minute.finish_if_new_minute(
                 now or datetime.now(tz=dt_timezone.utc))

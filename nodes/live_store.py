@@ -16,10 +16,10 @@ Readers get it as a dict (decode_entry).
   reads the whole fleet (pages, /metrics), and, in a process that does not lead, every
   sample's entry to one Redis list, in one pipeline. The publisher's leader alone folds
   samples: its own as it records them (set_leading), every other process's from the list
-  in read_fold(), and it writes the fleet's node minutes. A
-  process that does not lead spends nothing on the fold: an agent gateway that never leads
-  (CLUSTERUI_PUBLISHER_LEADS=false, beside `manage.py publisher`) only reads, checks and
-  stores its samples (bench/README.md, "The fold handed to the publisher").
+  in read_fold(), and it writes the fleet's node minutes. A process that does not lead
+  spends nothing on the fold: beside `manage.py publisher`, with
+  CLUSTERUI_PUBLISHER_LEADS=false, daphne and the agent gateways only read, check and store
+  their samples (bench/README.md, "The fold handed to the publisher").
 """
 
 import asyncio
@@ -29,7 +29,8 @@ import msgspec
 import orjson
 from django.conf import settings
 
-from .live_fold import LiveFold, LiveSample, NodeMinute
+from .live_fold import GPU_AT_LOAD, LiveFold, LiveSample, NodeMinute
+from .rollups import GPU_METRICS, NODE_METRICS
 
 
 logger = logging.getLogger(__name__)
@@ -85,26 +86,16 @@ def _decode_all(raw):
     return {int(node_id): decode_entry(value) for node_id, value in raw.items()}
 
 
-# What the fold reads of an entry (nodes/live_fold.py NodeMinute.add), as structs: a GPU's
-# and a node's readings are numbers and strings, which the collector need not track.
+# What the fold reads of an entry (nodes/live_fold.py NodeMinute.add: the metrics and the
+# GPUs at load), as structs made from those field lists: a GPU's and a node's readings are
+# numbers and strings, which the collector need not track.
 _Reading = int | float | None
-
-
-class _FoldGpu(msgspec.Struct, gc=False):
-    uuid: str
-    util_pct: _Reading = None
-    sm_active_pct: _Reading = None
-    mem_used_bytes: _Reading = None
-    temp_c: _Reading = None
-    power_w: _Reading = None
-    sm_clock_mhz: _Reading = None
-    clock_event_reasons: int | None = None
-
-
-class _FoldNode(msgspec.Struct, gc=False):
-    cpu_pct: _Reading = None
-    net_rx_bps: _Reading = None
-    net_tx_bps: _Reading = None
+_FoldGpu = msgspec.defstruct(
+    "FoldGpu", [("uuid", str)] + [(field, _Reading, None) for field in
+                                  dict.fromkeys(GPU_METRICS + GPU_AT_LOAD) if field != "uuid"],
+    gc=False)
+_FoldNode = msgspec.defstruct("FoldNode", [(field, _Reading, None) for field in NODE_METRICS],
+                              gc=False)
 
 
 class _FoldEntry(msgspec.Struct):
