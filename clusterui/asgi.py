@@ -7,7 +7,7 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
-from gateway import daphne_upgrades  # noqa: E402
+from gateway import daphne_closes, daphne_upgrades  # noqa: E402
 from gateway.bundle_upload import UploadSizeGuard  # noqa: E402
 from gateway.routing import websocket_urlpatterns  # noqa: E402
 
@@ -24,6 +24,9 @@ get_resolver().url_patterns
 # Agents' WebSocket upgrades a few per turn of daphne's loop: pages never wait behind a
 # fleet's handshakes (gateway/daphne_upgrades.py).
 daphne_upgrades.install()
+# Its WebSocket close frames written before a peer that does not answer them is dropped
+# (gateway/daphne_closes.py).
+daphne_closes.install()
 
 application = ProtocolTypeRouter(
     {

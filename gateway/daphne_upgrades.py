@@ -24,7 +24,7 @@ from collections import deque
 
 from daphne import http_protocol
 
-from .series import AGENT_UPGRADES_WAITING
+from .series import AGENT_UPGRADES_WAITED, AGENT_UPGRADES_WAITING
 from .server import AGENT_PATH
 
 AGENT_UPGRADES_PER_TURN = 2
@@ -42,11 +42,13 @@ class UpgradeTurns:
         self.next_turn_called = False
 
     def admit(self, upgrade):
+        """Runs `upgrade` now, or in a later turn; True where it was made to wait."""
         if not self.waiting and self.done_this_turn < self.per_turn:
             self._run(upgrade)
-        else:
-            self.waiting.append(upgrade)
-            self._call_next_turn()
+            return False
+        self.waiting.append(upgrade)
+        self._call_next_turn()
+        return True
 
     def _run(self, upgrade):
         self.done_this_turn += 1
@@ -82,7 +84,8 @@ class PacedAgentUpgradeRequest(http_protocol.WebRequest):
 
     def process(self):
         if self.path == AGENT_PATH_BYTES and self._asks_for_websocket():
-            AGENT_UPGRADES.admit(self._upgrade)
+            if AGENT_UPGRADES.admit(self._upgrade):
+                AGENT_UPGRADES_WAITED.inc()
             return None
         return super().process()
 

@@ -18,6 +18,10 @@ AGENT_UPGRADES_WAITING = Gauge(
     "clusterui_gateway_agent_upgrades_waiting",
     "Agents' WebSocket upgrades waiting for a turn of a web process's event loop "
     "(gateway/daphne_upgrades.py).", registry=REGISTRY)
+AGENT_UPGRADES_WAITED = Counter(
+    "clusterui_gateway_agent_upgrades_waited",
+    "Agents' WebSocket upgrades that waited for a later turn of a web process's event loop, "
+    "behind others (gateway/daphne_upgrades.py).", registry=REGISTRY)
 RATE_LIMITED = Counter(
     "clusterui_gateway_rate_limited",
     "Frames answered rate_limited, by what was refused (hello, event, frame).", ["refused"],

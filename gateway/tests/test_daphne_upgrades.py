@@ -12,8 +12,8 @@ def test_upgrades_beyond_a_turns_share_wait_for_later_turns_in_order_and_a_page_
     async def burst():
         loop = asyncio.get_running_loop()
         turns = UpgradeTurns(4, loop.call_soon)
-        for n in range(10):
-            turns.admit(lambda n=n: done.append(f"agent {n}"))
+        waited = [turns.admit(lambda n=n: done.append(f"agent {n}")) for n in range(10)]
+        assert waited == [False] * 4 + [True] * 6
         loop.call_soon(done.append, "page")  # a page's next step, ready in the next turn
         while turns.waiting or turns.next_turn_called:
             await asyncio.sleep(0)
@@ -35,7 +35,7 @@ def test_an_upgrade_in_a_quiet_turn_is_done_at_once():
         loop = asyncio.get_running_loop()
         turns = UpgradeTurns(4, loop.call_soon)
         for n in range(6):
-            turns.admit(lambda n=n: done.append(n))
+            assert turns.admit(lambda n=n: done.append(n)) is False
             assert done[-1] == n  # not waiting: fewer than 4 this turn
             await asyncio.sleep(0)
             await asyncio.sleep(0)
