@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 
 SERVERS = {
-    "daphne": lambda port: ["daphne", "-b", "127.0.0.1", "-p", str(port),
+    "daphne": lambda port: ["daphne", "-e", f"tcp:port={port}:interface=127.0.0.1:backlog=4096",
                             "clusterui.asgi:application"],
     "uvicorn": lambda port: ["uvicorn", "--host", "127.0.0.1", "--port", str(port),
                              "--log-level", "warning", "clusterui.asgi:application"],

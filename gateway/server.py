@@ -38,6 +38,10 @@ logger = logging.getLogger(__name__)
 
 AGENT_PATH = "/ws/agent/"
 CLOSE_SERVICE_RESTART = 1012
+# Connections the kernel holds for accept(), asyncio's 100 otherwise (the kernel caps it at
+# net.core.somaxconn, 4,096 by default). A fleet reconnecting at once overflows a short one,
+# and each connection refused so is retried by TCP 1, 3, 7 s later, the server idle or not.
+LISTEN_BACKLOG = 4096
 
 agent_app = AgentConsumer.as_asgi()
 
@@ -127,7 +131,7 @@ async def run_gateway(host, port, *, ready=None, stop=None):
     # of the core than the bytes it saves on a datacenter network.
     async with serve(serve_agent, host, port, process_request=answer_http, compression=None,
                      max_size=MAX_FRAME_BYTES, ping_interval=20, ping_timeout=30,
-                     server_header="clusterui-gateway") as server:
+                     server_header="clusterui-gateway", backlog=LISTEN_BACKLOG) as server:
         bound = server.sockets[0].getsockname()[1]
         logger.info("agent gateway listening on %s:%s%s", host, bound, AGENT_PATH)
         if ready is not None:

@@ -155,7 +155,10 @@ start beat "$PY" -m celery -A clusterui beat --loglevel=WARNING \
 # The notification receiver the seeded channel "demo receiver" posts its signed webhooks to.
 start receiver "$PY" scripts/demo_receiver.py --port "$RECEIVER_PORT" --key-file "$RECEIVER_KEY" \
     --log "$DATA_DIR/notifications.log"
-start daphne "$PY" -m daphne -b "$HOST" -p "$PORT" clusterui.asgi:application
+# A listen backlog of 4,096, not Twisted's 50: a fleet connecting at once does not fill it
+# and have its connections, and a person's, retried a second later (README.md).
+start daphne "$PY" -m daphne -e "tcp:port=$PORT:interface=$HOST:backlog=4096" \
+    clusterui.asgi:application
 
 for _ in $(seq 1 60); do
     port_open && break

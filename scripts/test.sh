@@ -26,6 +26,7 @@ services_missing_packages
 # shellcheck validates startup scripts on save (nodes/scripts.py).
 command -v shellcheck >/dev/null || missing+=(shellcheck)
 command -v promtool >/dev/null || missing+=(prometheus)  # promtool checks /metrics and the rules
+command -v ss >/dev/null || missing+=(iproute2)  # ss reads a listening socket's backlog
 # A real Slurm cluster with accounting for the Slurm tests (tests/slurm.py starts it).
 for program in munged slurmctld slurmd scontrol slurmdbd mariadbd; do
     if ! command -v "$program" >/dev/null && [ ! -x "/usr/sbin/$program" ]; then

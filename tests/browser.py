@@ -67,7 +67,8 @@ class DaphneServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+            [sys.executable, "-m", "daphne", "-e",
+             f"tcp:port={self.port}:interface=127.0.0.1:backlog=4096",
              "clusterui.asgi:application"],
             cwd=REPO_ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
             preexec_fn=_die_with_parent,

@@ -231,7 +231,8 @@ class Daphne(Process):
         self.url = f"http://127.0.0.1:{self.port}"
         super().__init__(
             name,
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", self.port,
+            [sys.executable, "-m", "daphne", "-e",
+             f"tcp:port={self.port}:interface=127.0.0.1:backlog=4096",
              "clusterui.asgi:application"],
             env=env, log_path=log_path,
         )

@@ -89,7 +89,7 @@ def pinning():
 
 def server_argv(kind, port, args):
     if kind == "daphne":  # as README.md runs it in production
-        return [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+        return [PY, "-m", "daphne", "-e", f"tcp:port={port}:interface=127.0.0.1:backlog=4096",
                 "clusterui.asgi:application"]
     if kind in ("gateway", "gateway-publisher"):  # the agent gateway (gateway/server.py)
         return [PY, "manage.py", "agent_gateway", "--bind", "127.0.0.1", "--port", str(port)]
