@@ -18,7 +18,7 @@ as before.
 install() gives daphne's WebSocket factory that timeout; clusterui/asgi.py calls it.
 """
 
-import sys
+from daphne import server as daphne_server
 
 CLOSE_HANDSHAKE_TIMEOUT_S = 5
 
@@ -26,13 +26,8 @@ CLOSE_HANDSHAKE_TIMEOUT_S = 5
 def install():
     """daphne's server builds its WebSocket factory (WebSocketFactory, a name of its module,
     looked up when it starts) with CLOSE_HANDSHAKE_TIMEOUT_S; it sets its other options after.
-
-    Where daphne is not the server (uvicorn, the gateway process, the tests) its server module
-    was never imported, and nothing is changed: importing it, or autobahn, would install
-    Twisted's reactor and txaio's Twisted mode in a process that runs neither."""
-    daphne_server = sys.modules.get("daphne.server")
-    if daphne_server is None:
-        return
+    Only daphne's server uses that name: in uvicorn and the gateway process (where daphne's
+    app imports the module too, as Django sets up) nothing else changes."""
     build_factory = daphne_server.WebSocketFactory
 
     def build_factory_closing_in_time(*args, **kwargs):

@@ -59,8 +59,8 @@ def test_agents_upgrades_at_once_wait_their_turns_a_page_is_answered_and_every_a
     finally:
         for sock in sockets:
             sock.close()
-    # Two upgraded a turn, most of those read together waited (144-260 of the 300 still did
-    # when the page was answered); without daphne_upgrades, none.
+    # Two are upgraded a turn and the rest of those read together wait: most of the 300;
+    # without daphne_upgrades, none.
     assert metric(server, "clusterui_gateway_agent_upgrades_waited_total") >= AGENTS // 4
     assert metric(server, "clusterui_gateway_agent_upgrades_waiting") == 0
     status, _ = server.get("/healthz")
