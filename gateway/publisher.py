@@ -196,8 +196,9 @@ class Publisher:
 
     async def run(self):
         """Flush every 50 ms; once a second, the leader's tick in a task of its own, so that
-        its database work never holds up the flushes (ingest latency). Cancelled (a stopping process), it cancels the tick and the feed
-        it started: none of them reads the samples or pushes once the lease is given up."""
+        its database work never holds up the flushes (ingest latency). Cancelled (a stopping
+        process), it cancels the tick and the feed it started: none of them reads the samples
+        or pushes once the lease is given up."""
         next_publish = next_feed = time.monotonic()
         tick = feed = None
         try:

@@ -380,6 +380,14 @@ def agent_url(http_url):
     return "ws" + http_url.removeprefix("http") + "/ws/agent/"
 
 
+# An agent's WebSocket upgrade, raw, with a token that does not work: the server upgrades it,
+# then closes it with 4401 (PROTOCOL.md).
+AGENT_UPGRADE_WITH_A_BAD_TOKEN = (
+    b"GET /ws/agent/ HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+    b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+    b"Sec-WebSocket-Version: 13\r\nAuthorization: Bearer not-a-token\r\n\r\n")
+
+
 def parse_metrics(text):
     """Prometheus text: [(name, {label: value}, float value)] (our own output's subset)."""
     series = []

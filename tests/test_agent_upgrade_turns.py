@@ -9,16 +9,13 @@ import socket
 
 import pytest
 
-from .integration import parse_metrics
+from .integration import AGENT_UPGRADE_WITH_A_BAD_TOKEN, parse_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 METRICS_TOKEN = "integration-metrics-token"
 AGENTS = 300
 LEAVING = 10
-UPGRADE = (b"GET /ws/agent/ HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
-           b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-           b"Sec-WebSocket-Version: 13\r\nAuthorization: Bearer not-a-token\r\n\r\n")
 
 
 def status_line(sock):
@@ -47,7 +44,7 @@ def test_agents_upgrades_at_once_wait_their_turns_a_page_is_answered_and_every_a
         for _ in range(AGENTS):
             sockets.append(socket.create_connection(("127.0.0.1", int(server.port)), timeout=60))
         for sock in sockets:  # at once, as a fleet powering on
-            sock.sendall(UPGRADE)
+            sock.sendall(AGENT_UPGRADE_WITH_A_BAD_TOKEN)
         for sock in sockets[-LEAVING:]:
             sock.close()
 

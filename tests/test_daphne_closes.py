@@ -10,11 +10,9 @@ import time
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+from .integration import AGENT_UPGRADE_WITH_A_BAD_TOKEN
 
-UPGRADE = (b"GET /ws/agent/ HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
-           b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-           b"Sec-WebSocket-Version: 13\r\nAuthorization: Bearer not-a-token\r\n\r\n")
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
 def read_upgrade_and_close_frame(sock):
@@ -45,7 +43,7 @@ def test_a_close_frame_reaches_an_agent_that_does_not_answer_it_and_it_is_droppe
         processes):
     server = processes.daphne()
     with socket.create_connection(("127.0.0.1", int(server.port)), timeout=30) as sock:
-        sock.sendall(UPGRADE)
+        sock.sendall(AGENT_UPGRADE_WITH_A_BAD_TOKEN)
         status_line, code = read_upgrade_and_close_frame(sock)
         held_s = seconds_until_dropped(sock)
 

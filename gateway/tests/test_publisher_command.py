@@ -9,4 +9,3 @@ def test_the_publisher_process_refuses_to_start_without_redis(settings):
     settings.REDIS_URL = ""
     with pytest.raises(CommandError, match="set REDIS_URL"):
         call_command("publisher")
-
